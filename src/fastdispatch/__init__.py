@@ -1,0 +1,52 @@
+"""fastdispatch: a per-chat outbound dispatcher for bot servers.
+
+Within one chat, sends run strictly in order and one at a time; across chats
+they run in parallel under a global cap.  ``Context`` is the per-event object
+that handlers use to reply through it.  See ``docs/`` for the design.
+"""
+
+import os
+
+from . import _core_py
+from ._dispatcher import build_dispatcher_class
+from ._errors import (
+    Cancelled,
+    DispatcherClosed,
+    DispatcherError,
+    QueueFull,
+    SendTimeout,
+    TaskDiscarded,
+)
+from ._types import DispatcherHooks, DispatcherStats, DispatchInfo
+
+
+def _select_core():
+    if os.environ.get("FASTDISPATCH_NO_EXTENSIONS", "") not in ("", "0"):
+        return _core_py, "python"
+    try:
+        from . import _ringbuf
+    except ImportError:
+        return _core_py, "python"
+    return _ringbuf, "cython"
+
+
+_core, IMPLEMENTATION = _select_core()
+OutboundDispatcher = build_dispatcher_class(_core)
+SendContext = _core.SendContext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IMPLEMENTATION",
+    "OutboundDispatcher",
+    "SendContext",
+    "DispatcherHooks",
+    "DispatchInfo",
+    "DispatcherStats",
+    "DispatcherError",
+    "QueueFull",
+    "DispatcherClosed",
+    "SendTimeout",
+    "TaskDiscarded",
+    "Cancelled",
+]

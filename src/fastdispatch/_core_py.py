@@ -1,0 +1,689 @@
+"""Pure-Python implementation of the dispatcher core.
+
+This module is the twin of ``_ringbuf.pyx``: same classes, same behaviour,
+same locking protocol, line for line where it matters.  It is used when the
+extension is missing or ``FASTDISPATCH_NO_EXTENSIONS=1`` is set, and the test
+suite runs every behaviour test against both.  The design is explained once,
+in ``docs/dispatcher.md``; the comments here only mark where each invariant
+of SPEC §2.3 is kept.
+
+Locks, and what each protects:
+
+- ``ChatQueue.lock``: the queue's items and its ``running`` flag, and the
+  removal of the queue from the chat map (invariant 4).
+- ``_pool_lock``: the ready list (chats that have work but no worker), the
+  idle-worker stack and the thread count.
+- ``_run_lock``: the registry of running tasks (the deadline schedule) and
+  the timer thread's sleep state.
+- ``_count_lock``: the counters (the C twin uses atomic integers instead).
+
+No lock is ever taken while another is held, except a queue lock inside
+nothing and the pool lock inside nothing: there is no lock order to get wrong.
+"""
+
+import logging
+import threading
+from collections import OrderedDict, deque
+from concurrent.futures import Future
+from time import monotonic
+
+from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
+from ._types import DispatchInfo
+
+__all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
+
+logger = logging.getLogger("fastdispatch")
+
+_allocate_lock = threading.Lock
+_NOT_CANCELLED, _BY_TIMEOUT, _BY_FORCE = 0, 1, 2
+# The timer thread's state: awake, asleep until the registry head's deadline,
+# or asleep with nothing to wait for (a task start must wake it).
+_AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
+# Guards the lazy creation of SendContext events (rare: only for wait()).
+_event_lock = threading.Lock()
+
+
+class RingBuffer:
+    """A FIFO of fixed capacity.  ``push`` is O(1) and refuses when full."""
+
+    __slots__ = ("_items", "capacity")
+
+    def __init__(self, capacity):
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self._items = deque()
+        self.capacity = capacity
+
+    def push(self, item):
+        """Append ``item``; return False (and store nothing) when full."""
+        if len(self._items) >= self.capacity:
+            return False
+        self._items.append(item)
+        return True
+
+    def pop(self):
+        """Remove and return the oldest item; raise IndexError when empty."""
+        return self._items.popleft()
+
+    def clear(self):
+        """Remove every item and return them, oldest first."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def __len__(self):
+        return len(self._items)
+
+    @property
+    def full(self):
+        return len(self._items) >= self.capacity
+
+
+class ChatQueue(RingBuffer):
+    """One chat's waiting tasks, its lock, and whether a worker owns it."""
+
+    __slots__ = ("chat_id", "lock", "running")
+
+    def __init__(self, chat_id, capacity):
+        RingBuffer.__init__(self, capacity)
+        self.chat_id = chat_id
+        self.lock = _allocate_lock()
+        # True from the moment the chat is scheduled until its worker removes
+        # the queue from the chat map; at most one worker owns it meanwhile.
+        self.running = False
+
+
+class SendContext:
+    """What a task receives: its chat, its deadline and its cancellation.
+
+    A task should pass it on to blocking calls (``sc.remaining()`` as a
+    timeout) and may poll ``sc.cancelled`` or call ``sc.check()``.
+    ``SendContext(chat_id, deadline=None)`` can be built by hand to test a
+    sender outside a dispatcher.
+    """
+
+    __slots__ = (
+        "chat_id", "_deadline", "_cancel", "_event",
+        "_fn", "_future", "_t_queued", "_t_start", "_queue_len",
+    )
+
+    def __init__(self, chat_id, deadline=None):
+        self.chat_id = chat_id
+        self._deadline = None if deadline is None else float(deadline)
+        self._cancel = _NOT_CANCELLED
+        self._event = None
+        self._fn = self._future = None
+        self._t_queued = self._t_start = 0.0
+        self._queue_len = 0
+
+    @property
+    def deadline(self):
+        """``time.monotonic()`` value at which the task must stop, or None."""
+        return self._deadline
+
+    def remaining(self):
+        """Seconds left before the deadline (never negative), or None."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - monotonic())
+
+    @property
+    def cancelled(self):
+        """True once the deadline passed or ``force_close()`` ran."""
+        if self._cancel:
+            return True
+        return self._deadline is not None and monotonic() >= self._deadline
+
+    def wait(self, timeout=None):
+        """Block until cancelled or ``timeout`` seconds; return ``cancelled``."""
+        if self.cancelled:
+            return True
+        remaining = self.remaining()
+        if remaining is not None and (timeout is None or remaining < timeout):
+            timeout = remaining
+        with _event_lock:
+            if self._cancel:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        event.wait(timeout)
+        return self.cancelled
+
+    def check(self):
+        """Raise ``Cancelled`` or ``SendTimeout`` if cancelled; else return."""
+        if self._cancel == _BY_FORCE:
+            raise Cancelled("the dispatcher was force-closed")
+        if self.cancelled:
+            raise SendTimeout("the send deadline passed")
+
+    def __repr__(self):
+        return "<SendContext chat_id=%r deadline=%r cancelled=%r>" % (
+            self.chat_id, self._deadline, self.cancelled)
+
+    def _cancel_with(self, reason):
+        # Called once, by whoever claimed the task out of the running registry.
+        self._cancel = reason
+        with _event_lock:
+            event = self._event
+        if event is not None:
+            event.set()
+
+
+def _new_item(chat_id, fn, future, t_queued):
+    item = SendContext.__new__(SendContext)
+    item.chat_id = chat_id
+    item._deadline = None
+    item._cancel = _NOT_CANCELLED
+    item._event = None
+    item._fn = fn
+    item._future = future
+    item._t_queued = t_queued
+    item._t_start = 0.0
+    item._queue_len = 0
+    return item
+
+
+def _settle(future, exc):
+    """Resolve a not-started task's Future with ``exc``.
+
+    Return False when the caller had already cancelled it (then it counts as
+    cancelled, not as whatever ``exc`` says).
+    """
+    if future is None:
+        return True
+    if isinstance(exc, Cancelled):
+        future.cancel()
+        return False
+    try:
+        future.set_exception(exc)
+    except Exception:  # InvalidStateError: cancelled by the caller meanwhile
+        return False
+    return True
+
+
+class DispatcherCore:
+    """The per-chat queues, the worker loop and the deadline loop.
+
+    ``OutboundDispatcher`` (in ``_dispatcher.py``) adds configuration checks,
+    threads and the lifecycle on top of this class.
+    """
+
+    def __init__(self, *args, **kwargs):
+        self._queues = {}
+        self._closed = False
+        self._pool_lock = _allocate_lock()
+        self._ready = deque()
+        self._idle = []
+        self._threads = 0
+        self._stopping = False
+        self._run_lock = _allocate_lock()
+        self._running = OrderedDict()
+        self._timer_wake = _allocate_lock()
+        self._timer_wake.acquire()
+        self._timer_state = _AWAKE
+        self._timer_started = False
+        self._timer_stop = False
+        self._count_lock = _allocate_lock()
+        self._pending = 0
+        self._drain_waiters = 0
+        self._inflight = 0
+        self._submitted = self._completed = self._failed = 0
+        self._rejected = self._discarded = self._cancelled = self._timed_out = 0
+
+    def _configure(self, max_inflight, queue_size, send_timeout, idle_timeout,
+                   hooks, recover):
+        self._max_inflight = max_inflight
+        self._queue_size = queue_size
+        self._send_timeout = send_timeout
+        self._idle_timeout = idle_timeout
+        self._on_queued = hooks.on_queued
+        self._on_start = hooks.on_start
+        self._on_done = hooks.on_done
+        self._on_rejected = hooks.on_rejected
+        self._recover = recover
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(self, chat_id, task):
+        """Queue ``task`` for ``chat_id``; return a ``Future`` of its result.
+
+        Cost: O(1) — one dict lookup, one lock, one push; a new chat also
+        allocates its queue, and a chat without a worker is scheduled.
+        Raises ``TypeError`` for bad arguments, ``QueueFull`` when the chat
+        already has ``queue_size`` waiting tasks, ``DispatcherClosed`` after
+        ``close()``; in each case nothing was queued.
+        """
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        future = Future()
+        self._enqueue(chat_id, task, future)
+        return future
+
+    def post(self, chat_id, task):
+        """Like ``submit`` without a Future: the outcome reaches hooks only."""
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        self._enqueue(chat_id, task, None)
+
+    def _enqueue(self, chat_id, task, future):
+        if chat_id is None:
+            raise TypeError("chat_id must not be None")
+        queues = self._queues
+        try:
+            q = queues.get(chat_id)
+        except TypeError:
+            raise TypeError("chat_id must be hashable, got %r"
+                            % (type(chat_id).__name__,)) from None
+        item = _new_item(chat_id, task, future,
+                         monotonic() if self._on_done is not None else 0.0)
+        # Count the task as pending *before* looking at ``closed``: then a
+        # shutdown() that saw no pending work also made this call see closed.
+        with self._count_lock:
+            self._submitted += 1
+            self._pending += 1
+        if self._closed:
+            self._reject(chat_id, DispatcherClosed("the dispatcher is closed"))
+        while True:
+            if q is None:
+                # Allocate only on a miss; setdefault keeps whichever queue
+                # another submitter may have installed first.
+                q = queues.setdefault(chat_id, ChatQueue(chat_id, self._queue_size))
+            with q.lock:
+                # Invariant 4: the worker may have removed this very queue
+                # from the map while we waited for its lock.  Pushing onto
+                # it would give the chat a second queue and a second worker.
+                if queues.get(chat_id) is not q:
+                    q = None
+                    continue
+                items = q._items
+                if len(items) >= q.capacity:
+                    queue_len = -1
+                else:
+                    items.append(item)
+                    queue_len = len(items)
+                    start = not q.running
+                    q.running = True
+            break
+        if queue_len < 0:
+            self._reject(chat_id, QueueFull(
+                "chat %r already has %d waiting tasks" % (chat_id, q.capacity)))
+        if start:
+            self._schedule(q)
+        if self._on_queued is not None:
+            try:
+                self._on_queued(chat_id, queue_len)
+            except Exception as exc:
+                self._hook_failed("on_queued", exc)
+
+    def _reject(self, chat_id, exc):
+        with self._count_lock:
+            self._submitted -= 1
+            self._pending -= 1
+            self._rejected += 1
+        self._maybe_drained()
+        if self._on_rejected is not None:
+            try:
+                self._on_rejected(chat_id, exc)
+            except Exception as hook_exc:
+                self._hook_failed("on_rejected", hook_exc)
+        raise exc
+
+    def _schedule(self, q):
+        # Put a chat that just got work (and has no worker) on the ready list,
+        # then wake an idle worker, or start one if under the cap.  When all
+        # max_inflight workers are busy the chat simply waits in the list:
+        # it holds no thread (invariant 5).
+        wake = None
+        spawn = False
+        with self._pool_lock:
+            self._ready.append(q)
+            if self._idle:
+                wake = self._idle.pop()
+            elif self._threads < self._max_inflight:
+                self._threads += 1
+                spawn = True
+        if wake is not None:
+            wake.release()
+        elif spawn:
+            self._spawn_worker()
+
+    def queue_len(self, chat_id):
+        """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
+        q = self._queues.get(chat_id)
+        if q is None:
+            return 0
+        with q.lock:
+            return len(q._items)
+
+    @property
+    def active_chats(self):
+        """Chats that have waiting or running work."""
+        return len(self._queues)
+
+    @property
+    def inflight(self):
+        """Tasks running right now."""
+        return self._inflight
+
+    @property
+    def closed(self):
+        """True once ``close()`` (or ``shutdown``/``force_close``) ran."""
+        return self._closed
+
+    def _counters(self):
+        with self._count_lock:
+            return (self._submitted, self._completed, self._failed, self._rejected,
+                    self._discarded, self._cancelled, self._timed_out,
+                    len(self._queues), self._inflight, self._threads)
+
+    def _pending_count(self):
+        return self._pending
+
+    def _add_drain_waiter(self, n):
+        with self._count_lock:
+            self._drain_waiters += n
+
+    def _maybe_drained(self):
+        if self._drain_waiters and not self._pending and not self._queues:
+            self._notify_drained()
+
+    # ----------------------------------------------------------------- workers
+
+    def _worker_main(self):
+        """Body of one worker thread: take a ready chat, drain it, repeat."""
+        wake = _allocate_lock()
+        wake.acquire()
+        while True:
+            q = self._next_chat(wake)
+            if q is None:
+                return
+            self._drain_chat(q)
+
+    def _next_chat(self, wake):
+        # Return the next ready chat, or None when this worker should exit
+        # (idle for idle_timeout, or the dispatcher is stopping).
+        while True:
+            with self._pool_lock:
+                if self._ready:
+                    return self._ready.popleft()
+                if self._stopping:
+                    self._threads -= 1
+                    return None
+                self._idle.append(wake)
+            if wake.acquire(True, self._idle_timeout):
+                continue
+            with self._pool_lock:
+                if wake in self._idle:
+                    self._idle.remove(wake)
+                    self._threads -= 1
+                    return None
+            # A waker popped us just as we timed out; take its release.
+            wake.acquire()
+
+    def _drain_chat(self, q):
+        queues = self._queues
+        while True:
+            with q.lock:
+                items = q._items
+                if not items:
+                    # Invariant 4: the empty queue leaves the map while its
+                    # lock is held, so a submitter's re-check cannot miss it.
+                    q.running = False
+                    if queues.get(q.chat_id) is q:
+                        del queues[q.chat_id]
+                    break
+                item = items.popleft()
+                item._queue_len = len(items)
+            if not self._run(item, q):
+                return  # the task panicked; its chat is gone
+            if self._ready and q._items:
+                # Other chats wait for a worker: go to the back of the line
+                # so that a busy chat cannot starve quiet ones.
+                with self._pool_lock:
+                    self._ready.append(q)
+                return
+        self._maybe_drained()
+
+    def _run(self, item, q):
+        """Run one task.  Return False if it panicked."""
+        future = item._future
+        if future is not None and not future.set_running_or_notify_cancel():
+            self._finish(item, Cancelled("cancelled before it started"), "cancelled")
+            return True
+        if self._on_start is not None:
+            try:
+                self._on_start(item.chat_id)
+            except BaseException as exc:
+                self._hook_failed("on_start", exc)
+        if self._send_timeout is not None or self._on_done is not None:
+            item._t_start = monotonic()
+            if self._send_timeout is not None:
+                item._deadline = item._t_start + self._send_timeout
+        self._register(item)
+        with self._count_lock:
+            self._inflight += 1
+        panic = None
+        try:
+            result = item._fn(item)
+            error = None
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:
+            error = panic = exc
+        with self._count_lock:
+            self._inflight -= 1
+        # Whoever takes the task out of the running registry owns its
+        # outcome: us, or the timer (deadline) or force_close().
+        if self._unregister(item):
+            if panic is not None:
+                discarded = TaskDiscarded("the task panicked: %r" % (panic,))
+                discarded.__cause__ = panic
+                self._resolve(item, None, discarded, "failed")
+            elif error is not None:
+                self._resolve(item, None, error, "failed")
+            else:
+                self._resolve(item, result, None, "completed")
+        if panic is not None:
+            self._panic(q, panic)
+        item._fn = None
+        with self._count_lock:
+            self._pending -= 1
+        self._maybe_drained()
+        return panic is None
+
+    def _resolve(self, item, result, error, outcome):
+        # Only the owner of the outcome touches (and then drops) the Future.
+        future = item._future
+        item._future = None
+        if future is not None:
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+        self._count(outcome)
+        if self._on_done is not None:
+            self._report(item, error, monotonic() - item._t_start)
+
+    def _finish(self, item, error, outcome):
+        # Settle a task that never started (cancelled, discarded, dropped).
+        if not _settle(item._future, error):
+            outcome = "cancelled"
+        self._count(outcome)
+        if self._on_done is not None:
+            self._report(item, error, 0.0)
+        item._fn = item._future = None
+        with self._count_lock:
+            self._pending -= 1
+
+    def _count(self, outcome):
+        with self._count_lock:
+            if outcome == "completed":
+                self._completed += 1
+            elif outcome == "failed":
+                self._failed += 1
+            elif outcome == "cancelled":
+                self._cancelled += 1
+            elif outcome == "discarded":
+                self._discarded += 1
+            else:
+                self._timed_out += 1
+
+    def _report(self, item, error, run_latency):
+        start = item._t_start if item._t_start else monotonic()
+        info = DispatchInfo(item.chat_id, item._queue_len,
+                            max(0.0, start - item._t_queued), run_latency, error)
+        try:
+            self._on_done(info)
+        except BaseException as exc:
+            self._hook_failed("on_done", exc)
+
+    def _panic(self, q, exc):
+        # SPEC §2.6: the worker survives; the chat's waiting tasks are
+        # discarded (each Future resolved, never left pending), the queue is
+        # removed, then recover(exc) runs.
+        with q.lock:
+            waiting = q.clear()
+            q.running = False
+            if self._queues.get(q.chat_id) is q:
+                del self._queues[q.chat_id]
+        for item in waiting:
+            error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
+            error.__cause__ = exc
+            self._finish(item, error, "discarded")
+        logger.error("task of chat %r panicked; %d waiting task(s) discarded",
+                     q.chat_id, len(waiting), exc_info=exc)
+        self._call_recover(exc)
+
+    def _hook_failed(self, name, exc):
+        logger.error("dispatcher hook %s raised", name, exc_info=exc)
+        self._call_recover(exc)
+
+    def _call_recover(self, exc):
+        if self._recover is None:
+            return
+        try:
+            self._recover(exc)
+        except BaseException:
+            logger.exception("recover callable raised")
+
+    # -------------------------------------------------- running tasks, deadlines
+
+    def _register(self, item):
+        with self._run_lock:
+            self._running[item] = None
+            if item._deadline is not None:
+                if not self._timer_started:
+                    self._timer_started = True
+                    start_timer = True
+                else:
+                    start_timer = False
+                    if self._timer_state == _IDLE:
+                        self._wake_timer_locked()
+            else:
+                start_timer = False
+        if start_timer:
+            self._start_timer()
+
+    def _unregister(self, item):
+        with self._run_lock:
+            return self._running.pop(item, 0) is None
+
+    def _wake_timer_locked(self):
+        # Release the timer's wake lock once per sleep (with _run_lock held):
+        # the state flag makes sure we never release it twice.
+        if self._timer_state != _AWAKE:
+            self._timer_state = _AWAKE
+            self._timer_wake.release()
+
+    def _timer_main(self):
+        """Body of the deadline thread.
+
+        The registry is ordered by start time and every task gets the same
+        send_timeout, so it is also ordered by deadline: the timer only ever
+        looks at its head.  It sleeps until the head's deadline, or until
+        woken when a first task starts after a quiet spell.
+        """
+        running = self._running
+        while True:
+            expired = []
+            with self._run_lock:
+                if self._timer_stop:
+                    return
+                now = monotonic()
+                delay = None
+                for item in running:
+                    if item._deadline > now:
+                        delay = item._deadline - now
+                        break
+                    expired.append(item)
+                for item in expired:
+                    del running[item]
+                if not expired:
+                    self._timer_state = _IDLE if delay is None else _UNTIL_DEADLINE
+            if expired:
+                for item in expired:
+                    self._expire(item, _BY_TIMEOUT)
+                continue
+            woken = self._timer_wake.acquire(True, -1 if delay is None else delay)
+            if not woken:
+                with self._run_lock:
+                    if self._timer_state != _AWAKE:
+                        self._timer_state = _AWAKE
+                        continue
+                # Woken just after the timeout: consume that release.
+                self._timer_wake.acquire()
+
+    def _stop_timer(self):
+        with self._run_lock:
+            self._timer_stop = True
+            self._wake_timer_locked()
+
+    def _expire(self, item, reason):
+        # The task is still running (Python cannot stop a thread); we release
+        # its Future now and drop whatever it returns later.
+        item._cancel_with(reason)
+        if reason == _BY_TIMEOUT:
+            error = SendTimeout("chat %r: the task ran past its %ss send_timeout"
+                                % (item.chat_id, self._send_timeout))
+            outcome = "timed_out"
+        else:
+            error = Cancelled("the dispatcher was force-closed")
+            outcome = "cancelled"
+        future = item._future
+        item._future = None
+        if future is not None:
+            future.set_exception(error)
+        self._count(outcome)
+        if self._on_done is not None:
+            self._report(item, error, monotonic() - item._t_start)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _close(self):
+        self._closed = True
+
+    def _cancel_everything(self):
+        """force_close(): cancel running tasks and every waiting task."""
+        self._closed = True
+        with self._run_lock:
+            running = list(self._running)
+            self._running.clear()
+        for item in running:
+            self._expire(item, _BY_FORCE)
+        for q in list(self._queues.values()):
+            with q.lock:
+                waiting = q.clear()
+            for item in waiting:
+                self._finish(item, Cancelled("the dispatcher was force-closed"),
+                             "cancelled")
+        self._maybe_drained()
+
+    def _stop_workers(self):
+        """Wake every idle worker so that it exits; stop the timer."""
+        with self._pool_lock:
+            self._stopping = True
+            idle, self._idle = self._idle, []
+        for wake in idle:
+            wake.release()
+        self._stop_timer()

@@ -1,0 +1,214 @@
+"""``OutboundDispatcher``: configuration, threads and lifecycle.
+
+The hot path (submit, the worker loop, the deadline loop) lives in the core
+class, compiled (``_ringbuf.pyx``) or pure Python (``_core_py.py``).  This
+module adds what runs once per dispatcher or once per thread, identically for
+both cores, by mixing :class:`_Lifecycle` into the core class.
+
+Threads.  Workers are daemon threads, started on demand (never more than
+``max_inflight``) and ended after ``idle_timeout`` idle seconds.  They are
+daemons so that a program that forgets ``shutdown()`` still exits: Python
+cannot interrupt a thread, so a non-daemon worker blocked in a send would hold
+the interpreter open.  ``shutdown()`` is the orderly path: it waits for the
+work, wakes the idle workers so that they exit at once, and joins every thread
+it started, the deadline thread included.
+"""
+
+import itertools
+import math
+import numbers
+import threading
+from time import monotonic
+
+from ._types import DispatcherHooks, DispatcherStats
+
+__all__ = ["build_dispatcher_class"]
+
+_HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected")
+
+
+def _check_size(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError("%s must be an int, got %r" % (name, type(value).__name__))
+    if value < 1:
+        raise ValueError("%s must be at least 1, got %r" % (name, value))
+    return int(value)
+
+
+def _check_seconds(name, value, allow_none):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("%s must be a number of seconds%s, got %r" % (
+            name, " or None" if allow_none else "", type(value).__name__))
+    value = float(value)
+    if math.isnan(value) or value <= 0:
+        raise ValueError("%s must be a positive number of seconds, got %r" % (name, value))
+    if math.isinf(value):
+        if allow_none:
+            return None
+        raise ValueError("%s must be finite, got %r" % (name, value))
+    return value
+
+
+def _check_hooks(hooks):
+    if hooks is None:
+        return DispatcherHooks()
+    if not isinstance(hooks, DispatcherHooks):
+        raise TypeError("hooks must be a DispatcherHooks, got %r" % (type(hooks).__name__,))
+    for name in _HOOK_NAMES:
+        fn = getattr(hooks, name)
+        if fn is not None and not callable(fn):
+            raise TypeError("hooks.%s must be callable or None, got %r"
+                            % (name, type(fn).__name__))
+    return hooks
+
+
+class _Lifecycle:
+    """The part of OutboundDispatcher that both cores share."""
+
+    def __init__(self, *, max_inflight=512, queue_size=64, send_timeout=30.0,
+                 recover=None, hooks=None, idle_timeout=5.0):
+        max_inflight = _check_size("max_inflight", max_inflight)
+        queue_size = _check_size("queue_size", queue_size)
+        send_timeout = _check_seconds("send_timeout", send_timeout, allow_none=True)
+        idle_timeout = _check_seconds("idle_timeout", idle_timeout, allow_none=False)
+        if recover is not None and not callable(recover):
+            raise TypeError("recover must be callable or None, got %r"
+                            % (type(recover).__name__,))
+        hooks = _check_hooks(hooks)
+        super().__init__()
+        self._configure(max_inflight, queue_size, send_timeout, idle_timeout,
+                        hooks, recover)
+        self._workers = set()
+        self._worker_seq = itertools.count(1)
+        self._timer_thread = None
+        self._drained = threading.Condition(threading.Lock())
+
+    # Called by the core -------------------------------------------------------
+
+    def _spawn_worker(self):
+        thread = threading.Thread(
+            target=self._worker_thread,
+            name="fastdispatch-worker-%d" % next(self._worker_seq),
+            daemon=True,
+        )
+        self._workers.add(thread)
+        thread.start()
+
+    def _worker_thread(self):
+        try:
+            self._worker_main()
+        finally:
+            self._workers.discard(threading.current_thread())
+
+    def _start_timer(self):
+        thread = threading.Thread(target=self._timer_main,
+                                  name="fastdispatch-deadlines", daemon=True)
+        self._timer_thread = thread
+        thread.start()
+
+    def _notify_drained(self):
+        with self._drained:
+            self._drained.notify_all()
+
+    # Public lifecycle ---------------------------------------------------------
+
+    def close(self):
+        """Refuse new tasks (``DispatcherClosed``); queued and running ones go on."""
+        self._close()
+
+    def drain(self, timeout=None):
+        """Wait until no chat has waiting or running work.
+
+        New tasks are still accepted meanwhile.  Return False if ``timeout``
+        seconds passed first.  Must not be called from inside a task.
+        """
+        self._refuse_from_worker("drain")
+        timeout = _check_seconds("timeout", timeout, allow_none=True)
+        self._add_drain_waiter(1)
+        try:
+            with self._drained:
+                return self._drained.wait_for(self._is_idle, timeout)
+        finally:
+            self._add_drain_waiter(-1)
+
+    def _is_idle(self):
+        return self._pending_count() == 0 and self.active_chats == 0
+
+    def shutdown(self, timeout=None):
+        """``close()``, then ``drain(timeout)``, then end every thread.
+
+        Return True once the work is done and no thread of this dispatcher
+        is left; False if ``timeout`` seconds passed first (the dispatcher
+        stays closed and the remaining work goes on).
+        """
+        self._refuse_from_worker("shutdown")
+        timeout = _check_seconds("timeout", timeout, allow_none=True)
+        deadline = None if timeout is None else monotonic() + timeout
+        self.close()
+        if not self.drain(timeout):
+            return False
+        self._stop_workers()
+        threads = list(self._workers)
+        if self._timer_thread is not None:
+            threads.append(self._timer_thread)
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - monotonic()))
+            if thread.is_alive():
+                return False
+        return True
+
+    def force_close(self):
+        """Close; cancel every running and waiting task; return at once.
+
+        Running tasks see ``sc.cancelled`` and their Futures fail with
+        ``Cancelled``; waiting tasks' Futures are cancelled
+        (``fut.cancelled()``).  Threads still blocked in a send end when the
+        send returns.
+        """
+        self._cancel_everything()
+
+    def stats(self):
+        """A :class:`DispatcherStats` snapshot of the counters."""
+        return DispatcherStats(*self._counters())
+
+    def _refuse_from_worker(self, what):
+        if threading.current_thread() in self._workers:
+            raise RuntimeError("%s() called from inside a task of the same "
+                               "dispatcher would wait for itself" % what)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.shutdown()
+
+    def __repr__(self):
+        return "<%s %s active_chats=%d inflight=%d>" % (
+            type(self).__name__, "closed" if self.closed else "open",
+            self.active_chats, self.inflight)
+
+
+def build_dispatcher_class(core):
+    """Return ``OutboundDispatcher`` built on ``core`` (a core module)."""
+
+    class OutboundDispatcher(_Lifecycle, core.DispatcherCore):
+        """Per-chat outbound dispatcher: FIFO within a chat, parallel across chats.
+
+        ``OutboundDispatcher(*, max_inflight=512, queue_size=64,
+        send_timeout=30.0, recover=None, hooks=None, idle_timeout=5.0)``
+
+        - ``max_inflight``: most tasks running at once, across all chats
+          (the worker-thread cap).
+        - ``queue_size``: how many tasks one chat may have waiting.
+        - ``send_timeout``: seconds each task may run (None: no limit).
+        - ``recover``: ``callable(exc)`` called after a panic or a hook failure.
+        - ``hooks``: a :class:`DispatcherHooks`.
+        - ``idle_timeout``: seconds an idle worker thread lingers.
+
+        See ``docs/dispatcher.md`` for the guarantees and the design.
+        """
+
+    OutboundDispatcher.__module__ = "fastdispatch"
+    return OutboundDispatcher

@@ -1,0 +1,78 @@
+"""Small value types shared by both implementations of the core."""
+
+from typing import Any, Callable, NamedTuple, Optional
+
+__all__ = ["DispatchInfo", "DispatcherHooks", "DispatcherStats"]
+
+
+class DispatchInfo(NamedTuple):
+    """What ``on_done`` learns about one finished task (immutable).
+
+    ``queue_len`` is the number of tasks of the same chat that were still
+    waiting when this one started; ``queue_latency`` is the time from
+    ``submit`` to start and ``run_latency`` the time from start to the end
+    (both in seconds, 0.0 for a task that never started); ``error`` is the
+    exception the task ended with, or ``None``.
+    """
+
+    chat_id: Any
+    queue_len: int
+    queue_latency: float
+    run_latency: float
+    error: Optional[BaseException]
+
+
+class DispatcherHooks(NamedTuple):
+    """Observation points, each optional; all are called synchronously.
+
+    - ``on_queued(chat_id, queue_len)``: after a task was queued (``queue_len``
+      counts it), in the submitting thread.
+    - ``on_start(chat_id)``: in the worker thread, just before a task runs.
+    - ``on_done(info)``: after each task ends, whatever the outcome, with a
+      :class:`DispatchInfo`.
+    - ``on_rejected(chat_id, exc)``: when ``submit``/``post`` refuses a task
+      with ``QueueFull`` or ``DispatcherClosed``.
+
+    A hook that raises is logged on the ``fastdispatch`` logger and handed to
+    the dispatcher's ``recover`` callable; it never stops a worker or loses a
+    task.
+    """
+
+    on_queued: Optional[Callable[[Any, int], Any]] = None
+    on_start: Optional[Callable[[Any], Any]] = None
+    on_done: Optional[Callable[[DispatchInfo], Any]] = None
+    on_rejected: Optional[Callable[[Any, BaseException], Any]] = None
+
+
+class DispatcherStats(NamedTuple):
+    """A snapshot of the dispatcher's counters (``d.stats()``).
+
+    ``submitted`` counts accepted tasks only.  Every accepted task ends in
+    exactly one of ``completed`` (returned), ``failed`` (raised, or panicked),
+    ``discarded`` (dropped after a panic of its chat), ``cancelled`` (cancelled
+    before it started, or by ``force_close()``) or ``timed_out``; so once the
+    dispatcher is drained ``submitted == completed + failed + discarded +
+    cancelled + timed_out``.  ``active_chats``, ``inflight`` and ``threads``
+    are gauges read at the same moment.
+
+    Fields are readable by name (``s.completed``) or by key
+    (``s["completed"]``).
+    """
+
+    submitted: int
+    completed: int
+    failed: int
+    rejected: int
+    discarded: int
+    cancelled: int
+    timed_out: int
+    active_chats: int
+    inflight: int
+    threads: int
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, str):
+            if key not in self._fields:
+                raise KeyError(key)
+            return getattr(self, key)
+        return tuple.__getitem__(self, key)
