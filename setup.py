@@ -1,0 +1,63 @@
+"""Build script: compiles the dispatcher core when a C compiler is available.
+
+``pip install .`` compiles ``src/fastdispatch/_ringbuf.pyx``.  If Cython or
+the compiler is missing or fails, the package is installed without the
+extension and ``fastdispatch`` runs on its pure-Python twin (one warning is
+printed).  ``FASTDISPATCH_NO_EXTENSIONS=1`` skips the build on purpose;
+``FASTDISPATCH_REQUIRE_EXTENSIONS=1`` turns a failed build into an error.
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+def _flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that falls back to pure Python instead of failing the install."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, no headers, ...
+            self._fallback(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._fallback(exc)
+
+    def _fallback(self, exc):
+        if _flag("FASTDISPATCH_REQUIRE_EXTENSIONS"):
+            raise exc
+        sys.stderr.write(
+            "\nWARNING: fastdispatch could not compile its C extension (%s); "
+            "installing the pure-Python implementation instead.\n\n" % (exc,))
+
+
+def _extensions():
+    if _flag("FASTDISPATCH_NO_EXTENSIONS"):
+        return []
+    macros = []
+    if _flag("CYTHON_TRACE"):
+        macros.append(("CYTHON_TRACE_NOGIL", "1"))
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        if _flag("FASTDISPATCH_REQUIRE_EXTENSIONS"):
+            raise
+        sys.stderr.write("\nWARNING: Cython is not available; installing the "
+                         "pure-Python implementation of fastdispatch.\n\n")
+        return []
+    ext = Extension("fastdispatch._ringbuf", ["src/fastdispatch/_ringbuf.pyx"],
+                    define_macros=macros)
+    return cythonize([ext], compiler_directives={"language_level": "3"}, quiet=True)
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

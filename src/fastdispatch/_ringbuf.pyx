@@ -1,0 +1,868 @@
+# cython: language_level=3, freethreading_compatible=True
+# cython: boundscheck=False, wraparound=False, cdivision=True
+"""Compiled dispatcher core: ring buffer, chat queues, submit and the worker loop.
+
+This module is the twin of ``_core_py.py``: same classes, same behaviour, same
+locking protocol; the design is explained in ``docs/dispatcher.md``.  What
+the compiled version changes is the cost of each step:
+
+- queue and pool locks are ``cython.pymutex`` (a ``PyMutex`` on 3.13+), which
+  release the GIL while they block and never lean on it for exclusion;
+- counters are atomic integers, so the free-threaded build needs no extra lock;
+- the ready list and the running registry are intrusive linked lists through
+  the ``ChatQueue`` and ``SendContext`` objects themselves: no allocation
+  and O(1) unlink.
+
+Nothing here relies on the GIL for mutual exclusion: every shared field is
+either read and written under the lock that owns it (see the comment on each
+field) or is an atomic integer.  No borrowed reference is kept across a lock
+release.
+"""
+
+cimport cython
+from cpython.object cimport PyObject
+
+import logging
+import threading
+from concurrent.futures import Future
+from time import monotonic
+
+from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
+from ._types import DispatchInfo
+
+__all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
+
+cdef extern from *:
+    """
+    #if defined(_MSC_VER)
+      #include <intrin.h>
+      #define FD_ADD(p, v) _InterlockedExchangeAdd64((volatile __int64 *)(p), (__int64)(v))
+      #define FD_LOAD(p) _InterlockedOr64((volatile __int64 *)(p), 0)
+      #define FD_STORE(p, v) _InterlockedExchange64((volatile __int64 *)(p), (__int64)(v))
+    #else
+      #define FD_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_SEQ_CST)
+      #define FD_LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+      #define FD_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+    #endif
+    """
+    long long FD_ADD(long long *p, long long v) nogil
+    long long FD_LOAD(long long *p) nogil
+    void FD_STORE(long long *p, long long v) nogil
+
+logger = logging.getLogger("fastdispatch")
+
+cdef object _allocate_lock = threading.Lock
+cdef object _Event = threading.Event
+
+cdef enum:
+    # SendContext._cancel
+    _NOT_CANCELLED = 0
+    _BY_TIMEOUT = 1
+    _BY_FORCE = 2
+    # The timer thread's state: awake, asleep until the registry head's
+    # deadline, or asleep with nothing to wait for (a task start must wake it).
+    _AWAKE = 0
+    _UNTIL_DEADLINE = 1
+    _IDLE = 2
+    # Outcome counters, indexes into DispatcherCore._counts.
+    C_COMPLETED = 0
+    C_FAILED = 1
+    C_DISCARDED = 2
+    C_CANCELLED = 3
+    C_TIMED_OUT = 4
+
+# Guards the lazy creation of SendContext events (rare: only for wait()).
+cdef cython.pymutex _event_lock
+
+
+cdef class RingBuffer:
+    """A FIFO of fixed capacity.  ``push`` is O(1) and refuses when full.
+
+    The slots are allocated lazily, doubling up to ``capacity``: most chats
+    never hold more than a few waiting tasks, and a dispatcher configured
+    with a deep ``queue_size`` must not pay for it on every new chat.
+    """
+
+    cdef list _slots          # None where empty; len(_slots) <= capacity
+    cdef Py_ssize_t _size     # len(_slots)
+    cdef Py_ssize_t _head
+    cdef Py_ssize_t _count
+    cdef readonly Py_ssize_t capacity
+
+    def __init__(self, Py_ssize_t capacity):
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self._init(capacity)
+
+    cdef inline void _init(self, Py_ssize_t capacity):
+        self.capacity = capacity
+        self._size = 4 if capacity > 4 else capacity
+        self._slots = [None] * self._size
+
+    cdef int _grow(self) except -1:
+        # Double the slots (up to capacity), unrolling the ring to start at 0.
+        cdef Py_ssize_t size = self._size * 2
+        if size > self.capacity:
+            size = self.capacity
+        cdef list slots = self._slots[self._head:] + self._slots[:self._head]
+        slots.extend([None] * (size - self._size))
+        self._slots = slots
+        self._size = size
+        self._head = 0
+        return 0
+
+    cdef inline bint _push(self, object item) except -1:
+        cdef Py_ssize_t i
+        if self._count >= self._size:
+            if self._count >= self.capacity:
+                return False
+            self._grow()
+        i = self._head + self._count
+        if i >= self._size:
+            i -= self._size
+        self._slots[i] = item
+        self._count += 1
+        return True
+
+    cdef inline object _pop(self):
+        cdef object item = self._slots[self._head]
+        self._slots[self._head] = None
+        self._head += 1
+        if self._head == self._size:
+            self._head = 0
+        self._count -= 1
+        return item
+
+    cdef list _clear(self):
+        cdef list items = []
+        while self._count:
+            items.append(self._pop())
+        self._head = 0
+        return items
+
+    def push(self, item):
+        """Append ``item``; return False (and store nothing) when full."""
+        return self._push(item)
+
+    def pop(self):
+        """Remove and return the oldest item; raise IndexError when empty."""
+        if self._count == 0:
+            raise IndexError("pop from an empty RingBuffer")
+        return self._pop()
+
+    def clear(self):
+        """Remove every item and return them, oldest first."""
+        return self._clear()
+
+    def __len__(self):
+        return self._count
+
+    @property
+    def full(self):
+        return self._count >= self.capacity
+
+
+@cython.final
+cdef class ChatQueue(RingBuffer):
+    """One chat's waiting tasks, its lock, and whether a worker owns it."""
+
+    cdef readonly object chat_id
+    cdef cython.pymutex _lock  # guards the ring, _running, and map removal
+    # True from the moment the chat is scheduled until its worker removes
+    # the queue from the chat map; at most one worker owns it meanwhile.
+    cdef bint _running
+    cdef ChatQueue _next_ready  # ready list link; guarded by the pool lock
+
+    def __init__(self, chat_id, Py_ssize_t capacity):
+        RingBuffer.__init__(self, capacity)
+        self.chat_id = chat_id
+
+
+@cython.final
+cdef class SendContext:
+    """What a task receives: its chat, its deadline and its cancellation.
+
+    A task should pass it on to blocking calls (``sc.remaining()`` as a
+    timeout) and may poll ``sc.cancelled`` or call ``sc.check()``.
+    ``SendContext(chat_id, deadline=None)`` can be built by hand to test a
+    sender outside a dispatcher.
+    """
+
+    cdef readonly object chat_id
+    cdef double _deadline
+    cdef bint _has_deadline
+    cdef long long _cancel      # atomic; written once, by the outcome's owner
+    cdef object _event          # created on first wait(); under _event_lock
+    cdef object _fn
+    cdef object _future
+    cdef double _t_queued
+    cdef double _t_start
+    cdef Py_ssize_t _queue_len
+    # Running-registry links; guarded by DispatcherCore._run_lock.
+    cdef SendContext _prev
+    cdef SendContext _next
+    cdef bint _registered
+
+    def __init__(self, chat_id, deadline=None):
+        self.chat_id = chat_id
+        if deadline is not None:
+            self._deadline = float(deadline)
+            self._has_deadline = True
+
+    @property
+    def deadline(self):
+        """``time.monotonic()`` value at which the task must stop, or None."""
+        return self._deadline if self._has_deadline else None
+
+    def remaining(self):
+        """Seconds left before the deadline (never negative), or None."""
+        if not self._has_deadline:
+            return None
+        return max(0.0, self._deadline - <double>monotonic())
+
+    @property
+    def cancelled(self):
+        """True once the deadline passed or ``force_close()`` ran."""
+        return self._is_cancelled()
+
+    cdef bint _is_cancelled(self) except -1:
+        if FD_LOAD(&self._cancel):
+            return True
+        return self._has_deadline and <double>monotonic() >= self._deadline
+
+    def wait(self, timeout=None):
+        """Block until cancelled or ``timeout`` seconds; return ``cancelled``."""
+        if self._is_cancelled():
+            return True
+        remaining = self.remaining()
+        if remaining is not None and (timeout is None or remaining < timeout):
+            timeout = remaining
+        with _event_lock:
+            if FD_LOAD(&self._cancel):
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = _Event()
+        event.wait(timeout)
+        return self._is_cancelled()
+
+    def check(self):
+        """Raise ``Cancelled`` or ``SendTimeout`` if cancelled; else return."""
+        if FD_LOAD(&self._cancel) == _BY_FORCE:
+            raise Cancelled("the dispatcher was force-closed")
+        if self._is_cancelled():
+            raise SendTimeout("the send deadline passed")
+
+    def __repr__(self):
+        return "<SendContext chat_id=%r deadline=%r cancelled=%r>" % (
+            self.chat_id, self.deadline, self.cancelled)
+
+    cdef void _cancel_with(self, long long reason):
+        # Called once, by whoever claimed the task out of the running registry.
+        FD_STORE(&self._cancel, reason)
+        with _event_lock:
+            event = self._event
+        if event is not None:
+            event.set()
+
+
+cdef inline SendContext _new_item(object chat_id, object fn, object future, double t_queued):
+    cdef SendContext item = SendContext.__new__(SendContext)
+    item.chat_id = chat_id
+    item._fn = fn
+    item._future = future
+    item._t_queued = t_queued
+    return item
+
+
+cdef bint _settle(object future, object exc) except -1:
+    """Resolve a not-started task's Future with ``exc``.
+
+    Return False when the caller had already cancelled it (then it counts as
+    cancelled, not as whatever ``exc`` says).
+    """
+    if future is None:
+        return True
+    if isinstance(exc, Cancelled):
+        future.cancel()
+        return False
+    try:
+        future.set_exception(exc)
+    except Exception:  # InvalidStateError: cancelled by the caller meanwhile
+        return False
+    return True
+
+
+cdef class DispatcherCore:
+    """The per-chat queues, the worker loop and the deadline loop.
+
+    ``OutboundDispatcher`` (in ``_dispatcher.py``) adds configuration checks,
+    threads and the lifecycle on top of this class.
+    """
+
+    cdef dict _queues                 # chat_id -> ChatQueue (dict ops are atomic)
+    cdef long long _closed            # atomic
+    # configuration (written once, before any task)
+    cdef Py_ssize_t _max_inflight
+    cdef Py_ssize_t _queue_size
+    cdef double _send_timeout
+    cdef bint _has_timeout
+    cdef double _idle_timeout
+    cdef object _on_queued, _on_start, _on_done, _on_rejected, _recover
+    # worker pool; all guarded by _pool_lock
+    cdef cython.pymutex _pool_lock
+    cdef ChatQueue _ready_head
+    cdef ChatQueue _ready_tail
+    cdef long long _ready_len         # atomic, so workers may peek without the lock
+    cdef list _idle                   # wake locks of idle workers (a stack)
+    cdef Py_ssize_t _threads
+    cdef bint _stopping
+    # running tasks, oldest first (the deadline schedule); guarded by _run_lock
+    cdef cython.pymutex _run_lock
+    cdef SendContext _run_head
+    cdef SendContext _run_tail
+    cdef object _timer_wake
+    cdef int _timer_state
+    cdef bint _timer_started
+    cdef bint _timer_stop
+    # counters (atomic)
+    cdef long long _pending
+    cdef long long _drain_waiters
+    cdef long long _inflight
+    cdef long long _submitted
+    cdef long long _rejected
+    cdef long long _counts[5]
+
+    def __cinit__(self, *args, **kwargs):
+        self._queues = {}
+        self._idle = []
+        self._timer_wake = _allocate_lock()
+        self._timer_wake.acquire()
+        self._on_queued = self._on_start = self._on_done = None
+        self._on_rejected = self._recover = None
+
+    def _configure(self, Py_ssize_t max_inflight, Py_ssize_t queue_size, send_timeout,
+                   double idle_timeout, hooks, recover):
+        self._max_inflight = max_inflight
+        self._queue_size = queue_size
+        self._has_timeout = send_timeout is not None
+        self._send_timeout = send_timeout if send_timeout is not None else 0.0
+        self._idle_timeout = idle_timeout
+        self._on_queued = hooks.on_queued
+        self._on_start = hooks.on_start
+        self._on_done = hooks.on_done
+        self._on_rejected = hooks.on_rejected
+        self._recover = recover
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(self, chat_id, task):
+        """Queue ``task`` for ``chat_id``; return a ``Future`` of its result.
+
+        Cost: O(1) — one dict lookup, one lock, one push; a new chat also
+        allocates its queue, and a chat without a worker is scheduled.
+        Raises ``TypeError`` for bad arguments, ``QueueFull`` when the chat
+        already has ``queue_size`` waiting tasks, ``DispatcherClosed`` after
+        ``close()``; in each case nothing was queued.
+        """
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        future = Future()
+        self._enqueue(chat_id, task, future)
+        return future
+
+    def post(self, chat_id, task):
+        """Like ``submit`` without a Future: the outcome reaches hooks only."""
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        self._enqueue(chat_id, task, None)
+
+    cdef int _enqueue(self, object chat_id, object task, object future) except -1:
+        cdef ChatQueue q
+        cdef SendContext item
+        cdef Py_ssize_t queue_len
+        cdef bint start = False
+        cdef dict queues = self._queues
+        if chat_id is None:
+            raise TypeError("chat_id must not be None")
+        try:
+            q = queues.get(chat_id)
+        except TypeError:
+            raise TypeError("chat_id must be hashable, got %r"
+                            % (type(chat_id).__name__,)) from None
+        item = _new_item(chat_id, task, future,
+                         monotonic() if self._on_done is not None else 0.0)
+        # Count the task as pending *before* looking at ``closed``: then a
+        # shutdown() that saw no pending work also made this call see closed.
+        FD_ADD(&self._submitted, 1)
+        FD_ADD(&self._pending, 1)
+        if FD_LOAD(&self._closed):
+            self._reject(chat_id, DispatcherClosed("the dispatcher is closed"))
+        while True:
+            if q is None:
+                # Allocate only on a miss; setdefault keeps whichever queue
+                # another submitter may have installed first.
+                q = queues.setdefault(chat_id, ChatQueue(chat_id, self._queue_size))
+            with q._lock:
+                # Invariant 4: the worker may have removed this very queue
+                # from the map while we waited for its lock.  Pushing onto
+                # it would give the chat a second queue and a second worker.
+                if queues.get(chat_id) is q:
+                    if q._push(item):
+                        queue_len = q._count
+                        start = not q._running
+                        q._running = True
+                    else:
+                        queue_len = -1
+                else:
+                    queue_len = 0   # orphaned queue: retry from the lookup
+            if queue_len:
+                break
+            q = None  # (only now: q's lock must outlive the with-block)
+        if queue_len < 0:
+            self._reject(chat_id, QueueFull(
+                "chat %r already has %d waiting tasks" % (chat_id, q.capacity)))
+        if start:
+            self._schedule(q)
+        if self._on_queued is not None:
+            try:
+                self._on_queued(chat_id, queue_len)
+            except Exception as exc:
+                self._hook_failed("on_queued", exc)
+        return 0
+
+    cdef int _reject(self, object chat_id, object exc) except -1:
+        FD_ADD(&self._submitted, -1)
+        FD_ADD(&self._pending, -1)
+        FD_ADD(&self._rejected, 1)
+        self._maybe_drained()
+        if self._on_rejected is not None:
+            try:
+                self._on_rejected(chat_id, exc)
+            except Exception as hook_exc:
+                self._hook_failed("on_rejected", hook_exc)
+        raise exc
+
+    cdef int _schedule(self, ChatQueue q) except -1:
+        # Put a chat that just got work (and has no worker) on the ready list,
+        # then wake an idle worker, or start one if under the cap.  When all
+        # max_inflight workers are busy the chat simply waits in the list:
+        # it holds no thread (invariant 5).
+        cdef object wake = None
+        cdef bint spawn = False
+        with self._pool_lock:
+            self._ready_append(q)
+            if self._idle:
+                wake = self._idle.pop()
+            elif self._threads < self._max_inflight:
+                self._threads += 1
+                spawn = True
+        if wake is not None:
+            wake.release()
+        elif spawn:
+            self._spawn_worker()
+        return 0
+
+    cdef inline void _ready_append(self, ChatQueue q):
+        # With _pool_lock held.
+        q._next_ready = None
+        if self._ready_tail is None:
+            self._ready_head = q
+        else:
+            self._ready_tail._next_ready = q
+        self._ready_tail = q
+        FD_ADD(&self._ready_len, 1)
+
+    cdef inline ChatQueue _ready_popleft(self):
+        # With _pool_lock held; the list is not empty.
+        cdef ChatQueue q = self._ready_head
+        self._ready_head = q._next_ready
+        if self._ready_head is None:
+            self._ready_tail = None
+        q._next_ready = None
+        FD_ADD(&self._ready_len, -1)
+        return q
+
+    def queue_len(self, chat_id):
+        """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
+        cdef ChatQueue q = self._queues.get(chat_id)
+        if q is None:
+            return 0
+        with q._lock:
+            return q._count
+
+    @property
+    def active_chats(self):
+        """Chats that have waiting or running work."""
+        return len(self._queues)
+
+    @property
+    def inflight(self):
+        """Tasks running right now."""
+        return FD_LOAD(&self._inflight)
+
+    @property
+    def closed(self):
+        """True once ``close()`` (or ``shutdown``/``force_close``) ran."""
+        return FD_LOAD(&self._closed) != 0
+
+    def _counters(self):
+        cdef Py_ssize_t threads
+        with self._pool_lock:
+            threads = self._threads
+        return (FD_LOAD(&self._submitted), FD_LOAD(&self._counts[C_COMPLETED]),
+                FD_LOAD(&self._counts[C_FAILED]), FD_LOAD(&self._rejected),
+                FD_LOAD(&self._counts[C_DISCARDED]), FD_LOAD(&self._counts[C_CANCELLED]),
+                FD_LOAD(&self._counts[C_TIMED_OUT]), len(self._queues),
+                FD_LOAD(&self._inflight), threads)
+
+    def _pending_count(self):
+        return FD_LOAD(&self._pending)
+
+    def _add_drain_waiter(self, long long n):
+        FD_ADD(&self._drain_waiters, n)
+
+    cdef int _maybe_drained(self) except -1:
+        if (FD_LOAD(&self._drain_waiters) and not FD_LOAD(&self._pending)
+                and not self._queues):
+            self._notify_drained()
+        return 0
+
+    # ----------------------------------------------------------------- workers
+
+    def _worker_main(self):
+        """Body of one worker thread: take a ready chat, drain it, repeat."""
+        cdef ChatQueue q
+        wake = _allocate_lock()
+        wake.acquire()
+        while True:
+            q = self._next_chat(wake)
+            if q is None:
+                return
+            self._drain_chat(q)
+
+    cdef ChatQueue _next_chat(self, object wake):
+        # Return the next ready chat, or None when this worker should exit
+        # (idle for idle_timeout, or the dispatcher is stopping).
+        cdef bint found
+        while True:
+            with self._pool_lock:
+                if self._ready_head is not None:
+                    return self._ready_popleft()
+                if self._stopping:
+                    self._threads -= 1
+                    return None
+                self._idle.append(wake)
+            if wake.acquire(True, self._idle_timeout):
+                continue
+            with self._pool_lock:
+                found = wake in self._idle
+                if found:
+                    self._idle.remove(wake)
+                    self._threads -= 1
+            if found:
+                return None
+            # A waker popped us just as we timed out; take its release.
+            wake.acquire()
+
+    cdef int _drain_chat(self, ChatQueue q) except -1:
+        cdef SendContext item
+        cdef dict queues = self._queues
+        while True:
+            with q._lock:
+                if q._count == 0:
+                    # Invariant 4: the empty queue leaves the map while its
+                    # lock is held, so a submitter's re-check cannot miss it.
+                    q._running = False
+                    if queues.get(q.chat_id) is q:
+                        del queues[q.chat_id]
+                    item = None
+                else:
+                    item = q._pop()
+                    item._queue_len = q._count
+            if item is None:
+                break
+            if not self._run(item, q):
+                return 0  # the task panicked; its chat is gone
+            if FD_LOAD(&self._ready_len) and q._count:
+                # Other chats wait for a worker: go to the back of the line
+                # so that a busy chat cannot starve quiet ones.
+                with self._pool_lock:
+                    self._ready_append(q)
+                return 0
+        self._maybe_drained()
+        return 0
+
+    cdef bint _run(self, SendContext item, ChatQueue q) except -1:
+        """Run one task.  Return False if it panicked."""
+        cdef object future = item._future
+        cdef object result = None
+        cdef object error = None
+        cdef object panic = None
+        if future is not None and not future.set_running_or_notify_cancel():
+            self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
+            return True
+        if self._on_start is not None:
+            try:
+                self._on_start(item.chat_id)
+            except BaseException as exc:
+                self._hook_failed("on_start", exc)
+        if self._has_timeout or self._on_done is not None:
+            item._t_start = monotonic()
+            if self._has_timeout:
+                item._deadline = item._t_start + self._send_timeout
+                item._has_deadline = True
+        self._register(item)
+        FD_ADD(&self._inflight, 1)
+        try:
+            result = item._fn(item)
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:
+            error = panic = exc
+        FD_ADD(&self._inflight, -1)
+        # Whoever takes the task out of the running registry owns its
+        # outcome: us, or the timer (deadline) or force_close().
+        if self._unregister(item):
+            if panic is not None:
+                discarded = TaskDiscarded("the task panicked: %r" % (panic,))
+                discarded.__cause__ = panic
+                self._resolve(item, None, discarded, C_FAILED)
+            elif error is not None:
+                self._resolve(item, None, error, C_FAILED)
+            else:
+                self._resolve(item, result, None, C_COMPLETED)
+        if panic is not None:
+            self._panic(q, panic)
+        item._fn = None
+        FD_ADD(&self._pending, -1)
+        self._maybe_drained()
+        return panic is None
+
+    cdef int _resolve(self, SendContext item, object result, object error,
+                      int outcome) except -1:
+        # Only the owner of the outcome touches (and then drops) the Future.
+        cdef object future = item._future
+        item._future = None
+        if future is not None:
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+        FD_ADD(&self._counts[outcome], 1)
+        if self._on_done is not None:
+            self._report(item, error, <double>monotonic() - item._t_start)
+        return 0
+
+    cdef int _finish(self, SendContext item, object error, int outcome) except -1:
+        # Settle a task that never started (cancelled, discarded, dropped).
+        if not _settle(item._future, error):
+            outcome = C_CANCELLED
+        FD_ADD(&self._counts[outcome], 1)
+        if self._on_done is not None:
+            self._report(item, error, 0.0)
+        item._fn = item._future = None
+        FD_ADD(&self._pending, -1)
+        return 0
+
+    cdef int _report(self, SendContext item, object error, double run_latency) except -1:
+        cdef double start = item._t_start if item._t_start else <double>monotonic()
+        info = DispatchInfo(item.chat_id, item._queue_len,
+                            max(0.0, start - item._t_queued), run_latency, error)
+        try:
+            self._on_done(info)
+        except BaseException as exc:
+            self._hook_failed("on_done", exc)
+        return 0
+
+    cdef int _panic(self, ChatQueue q, object exc) except -1:
+        # SPEC §2.6: the worker survives; the chat's waiting tasks are
+        # discarded (each Future resolved, never left pending), the queue is
+        # removed, then recover(exc) runs.
+        cdef list waiting
+        with q._lock:
+            waiting = q._clear()
+            q._running = False
+            if self._queues.get(q.chat_id) is q:
+                del self._queues[q.chat_id]
+        for item in waiting:
+            error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
+            error.__cause__ = exc
+            self._finish(<SendContext>item, error, C_DISCARDED)
+        logger.error("task of chat %r panicked; %d waiting task(s) discarded",
+                     q.chat_id, len(waiting), exc_info=exc)
+        self._call_recover(exc)
+        return 0
+
+    def _hook_failed(self, name, exc):
+        logger.error("dispatcher hook %s raised", name, exc_info=exc)
+        self._call_recover(exc)
+
+    def _call_recover(self, exc):
+        if self._recover is None:
+            return
+        try:
+            self._recover(exc)
+        except BaseException:
+            logger.exception("recover callable raised")
+
+    # -------------------------------------------------- running tasks, deadlines
+
+    cdef int _register(self, SendContext item) except -1:
+        cdef bint start_timer = False
+        with self._run_lock:
+            item._prev = self._run_tail
+            item._next = None
+            if self._run_tail is None:
+                self._run_head = item
+            else:
+                self._run_tail._next = item
+            self._run_tail = item
+            item._registered = True
+            if item._has_deadline:
+                if not self._timer_started:
+                    self._timer_started = start_timer = True
+                elif self._timer_state == _IDLE:
+                    self._wake_timer_locked()
+        if start_timer:
+            self._start_timer()
+        return 0
+
+    cdef inline void _unlink_locked(self, SendContext item):
+        if item._prev is None:
+            self._run_head = item._next
+        else:
+            item._prev._next = item._next
+        if item._next is None:
+            self._run_tail = item._prev
+        else:
+            item._next._prev = item._prev
+        item._prev = item._next = None
+        item._registered = False
+
+    cdef bint _unregister(self, SendContext item):
+        # True if this call took the task out (its outcome is ours).
+        cdef bint ours
+        with self._run_lock:
+            ours = item._registered
+            if ours:
+                self._unlink_locked(item)
+        return ours
+
+    cdef int _wake_timer_locked(self) except -1:
+        # Release the timer's wake lock once per sleep (with _run_lock held):
+        # the state flag makes sure we never release it twice.
+        if self._timer_state != _AWAKE:
+            self._timer_state = _AWAKE
+            self._timer_wake.release()
+        return 0
+
+    def _timer_main(self):
+        """Body of the deadline thread.
+
+        The registry is ordered by start time and every task gets the same
+        send_timeout, so it is also ordered by deadline: the timer only ever
+        looks at its head.  It sleeps until the head's deadline, or until
+        woken when a first task starts after a quiet spell.
+        """
+        cdef list expired
+        cdef SendContext item
+        cdef double now
+        cdef object delay
+        cdef bint stop, retry
+        while True:
+            expired = []
+            stop = False
+            with self._run_lock:
+                if self._timer_stop:
+                    stop = True
+                else:
+                    now = monotonic()
+                    delay = None
+                    while self._run_head is not None:
+                        item = self._run_head
+                        if item._deadline > now:
+                            delay = item._deadline - now
+                            break
+                        self._unlink_locked(item)
+                        expired.append(item)
+                    if not expired:
+                        self._timer_state = _IDLE if delay is None else _UNTIL_DEADLINE
+            if stop:
+                return
+            if expired:
+                for item in expired:
+                    self._expire(item, _BY_TIMEOUT)
+                continue
+            if self._timer_wake.acquire(True, -1 if delay is None else delay):
+                continue
+            with self._run_lock:
+                retry = self._timer_state != _AWAKE
+                if retry:
+                    self._timer_state = _AWAKE
+            if not retry:
+                # Woken just after the timeout: consume that release.
+                self._timer_wake.acquire()
+
+    def _stop_timer(self):
+        with self._run_lock:
+            self._timer_stop = True
+            self._wake_timer_locked()
+
+    cdef int _expire(self, SendContext item, long long reason) except -1:
+        # The task is still running (Python cannot stop a thread); we release
+        # its Future now and drop whatever it returns later.
+        cdef int outcome
+        item._cancel_with(reason)
+        if reason == _BY_TIMEOUT:
+            error = SendTimeout("chat %r: the task ran past its %ss send_timeout"
+                                % (item.chat_id, self._send_timeout))
+            outcome = C_TIMED_OUT
+        else:
+            error = Cancelled("the dispatcher was force-closed")
+            outcome = C_CANCELLED
+        future = item._future
+        item._future = None
+        if future is not None:
+            future.set_exception(error)
+        FD_ADD(&self._counts[outcome], 1)
+        if self._on_done is not None:
+            self._report(item, error, <double>monotonic() - item._t_start)
+        return 0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _close(self):
+        FD_STORE(&self._closed, 1)
+
+    def _cancel_everything(self):
+        """force_close(): cancel running tasks and every waiting task."""
+        cdef list running = []
+        cdef list waiting
+        cdef SendContext item
+        cdef ChatQueue q
+        FD_STORE(&self._closed, 1)
+        with self._run_lock:
+            while self._run_head is not None:
+                item = self._run_head
+                self._unlink_locked(item)
+                running.append(item)
+        for item in running:
+            self._expire(item, _BY_FORCE)
+        for q in list(self._queues.values()):
+            with q._lock:
+                waiting = q._clear()
+            for item in waiting:
+                self._finish(item, Cancelled("the dispatcher was force-closed"),
+                             C_CANCELLED)
+        self._maybe_drained()
+
+    def _stop_workers(self):
+        """Wake every idle worker so that it exits; stop the timer."""
+        with self._pool_lock:
+            self._stopping = True
+            idle = self._idle
+            self._idle = []
+        for wake in idle:
+            wake.release()
+        self._stop_timer()
