@@ -1,0 +1,283 @@
+"""SPEC §2.3: ordering and concurrency guarantees, under stress.
+
+Each test is named after the invariant it protects.  The stress tests force
+thread switches every 10 µs and use many producer threads; they are sized
+for a 2-core CI machine and run 20× longer with FASTDISPATCH_SOAK=1.
+"""
+
+import collections
+import threading
+import time
+
+import pytest
+
+from fastdispatch import QueueFull
+
+pytestmark = pytest.mark.stress
+
+
+class ChatProbe:
+    """Records, per chat, the order tasks ran in and any overlap."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = collections.Counter()
+        self.seen = collections.defaultdict(list)
+        self.overlaps = []
+        self.max_parallel = 0
+        self.parallel = 0
+
+    def task(self, chat, producer, seq, dwell=0):
+        def run(sc):
+            with self.lock:
+                self.running[chat] += 1
+                if self.running[chat] > 1:
+                    self.overlaps.append((chat, producer, seq))
+                self.parallel += 1
+                self.max_parallel = max(self.max_parallel, self.parallel)
+                self.seen[chat].append((producer, seq))
+            if dwell:
+                time.sleep(dwell)
+            else:
+                time.sleep(0)  # give another thread the chance to break things
+            with self.lock:
+                self.running[chat] -= 1
+                self.parallel -= 1
+            return seq
+        return run
+
+    def assert_fifo_per_producer(self):
+        for chat, events in self.seen.items():
+            last = {}
+            for producer, seq in events:
+                assert seq > last.get(producer, -1), (
+                    "chat %r ran producer %r's task %d after %d"
+                    % (chat, producer, seq, last[producer]))
+                last[producer] = seq
+
+
+def _produce(d, probe, producer, chats, count, futures, start):
+    start.wait()
+    for seq in range(count):
+        chat = chats[seq % len(chats)]
+        futures.append(d.submit(chat, probe.task(chat, producer, seq)))
+
+
+def test_same_chat_tasks_start_in_submission_order_and_never_overlap(
+        make_dispatcher, tiny_switch_interval, soak_factor):
+    # 8 producers share 12 chats; each producer numbers its own tasks.
+    d = make_dispatcher(max_inflight=8, queue_size=100_000, send_timeout=None)
+    probe = ChatProbe()
+    chats = ["chat-%d" % i for i in range(12)]
+    per_producer = 400 * soak_factor
+    futures = collections.defaultdict(list)
+    start = threading.Barrier(8)
+    producers = [
+        threading.Thread(target=_produce,
+                         args=(d, probe, p, chats, per_producer, futures[p], start))
+        for p in range(8)
+    ]
+    for t in producers:
+        t.start()
+    for t in producers:
+        t.join()
+    assert d.drain(timeout=60)
+    assert probe.overlaps == []
+    probe.assert_fifo_per_producer()
+    assert sum(len(v) for v in probe.seen.values()) == 8 * per_producer
+    for p, futs in futures.items():
+        assert [f.result(0) for f in futs] == list(range(per_producer))
+    assert d.active_chats == 0
+
+
+def test_one_chat_with_many_producers_never_runs_two_tasks_at_once(
+        make_dispatcher, tiny_switch_interval, soak_factor):
+    d = make_dispatcher(max_inflight=16, queue_size=100_000, send_timeout=None)
+    probe = ChatProbe()
+    per_producer = 500 * soak_factor
+    futures = collections.defaultdict(list)
+    start = threading.Barrier(6)
+    producers = [
+        threading.Thread(target=_produce,
+                         args=(d, probe, p, ["only"], per_producer, futures[p], start))
+        for p in range(6)
+    ]
+    for t in producers:
+        t.start()
+    for t in producers:
+        t.join()
+    assert d.drain(timeout=60)
+    assert probe.overlaps == []
+    assert probe.max_parallel == 1
+    probe.assert_fifo_per_producer()
+
+
+def test_different_chats_run_in_parallel(make_dispatcher):
+    d = make_dispatcher(max_inflight=6)
+    together = threading.Barrier(6, timeout=10)
+    futs = [d.submit(i, lambda sc: together.wait()) for i in range(6)]
+    for f in futs:
+        f.result(timeout=10)  # a BrokenBarrierError here means they did not overlap
+
+
+def test_running_tasks_never_exceed_max_inflight(make_dispatcher, tiny_switch_interval):
+    d = make_dispatcher(max_inflight=3)
+    probe = ChatProbe()
+    futs = [d.submit(chat, probe.task(chat, 0, seq, dwell=0.002))
+            for seq in range(10) for chat in range(20)]
+    assert d.drain(timeout=60)
+    assert all(f.done() for f in futs)
+    assert probe.max_parallel == 3
+    assert d.stats().threads <= 3
+
+
+def test_running_task_is_not_counted_in_queue(make_dispatcher):
+    d = make_dispatcher(queue_size=2)
+    gate = threading.Event()
+    started = threading.Event()
+    first = d.submit("c", lambda sc: (started.set(), gate.wait(10)))
+    assert started.wait(10)
+    waiting = [d.submit("c", lambda sc: 1), d.submit("c", lambda sc: 2)]
+    assert d.queue_len("c") == 2
+    with pytest.raises(QueueFull):
+        d.submit("c", lambda sc: 3)
+    gate.set()
+    assert first.result(10) == (None, True)
+    assert [f.result(10) for f in waiting] == [1, 2]
+
+
+def test_idle_chats_cost_nothing_after_work_is_done(make_dispatcher):
+    d = make_dispatcher(max_inflight=4)
+    futs = [d.submit(i % 500, lambda sc: None) for i in range(2000)]
+    for f in futs:
+        f.result(10)
+    assert d.drain(timeout=10)
+    assert d.active_chats == 0
+    assert d.queue_len(7) == 0
+
+
+def test_chat_queue_exists_exactly_while_it_has_work(make_dispatcher):
+    d = make_dispatcher()
+    gate = threading.Event()
+    started = threading.Event()
+    d.submit("busy", lambda sc: (started.set(), gate.wait(10)))
+    assert started.wait(10)
+    assert d.active_chats == 1          # running, nothing waiting
+    d.submit("busy", lambda sc: None)
+    assert d.queue_len("busy") == 1
+    gate.set()
+    assert d.drain(timeout=10)
+    assert d.active_chats == 0
+
+
+class SlowHashChat:
+    """A chat id whose hash lets other threads run in the middle of dict ops.
+
+    This widens the window between a submitter's map lookup and its taking
+    of the queue lock, and between a worker's emptiness check and its removal
+    of the queue: exactly the window of the self-removal race (SPEC §2.3.4).
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __hash__(self):
+        time.sleep(0)
+        return hash(self.name)
+
+    def __eq__(self, other):
+        return isinstance(other, SlowHashChat) and other.name == self.name
+
+    def __repr__(self):
+        return "SlowHashChat(%r)" % (self.name,)
+
+
+def test_chat_queue_churn_keeps_fifo_and_exclusivity(
+        make_dispatcher, tiny_switch_interval, soak_factor):
+    # Regression test for the self-removal race: a submitter that found the
+    # queue just before its worker removed it must not push onto the orphan
+    # (that would start a second worker for the same chat).  Bursts keep the
+    # chat's queue going empty and being removed while producers submit.
+    d = make_dispatcher(max_inflight=8, queue_size=100_000, send_timeout=None)
+    probe = ChatProbe()
+    chats = [SlowHashChat("c%d" % i) for i in range(2)]
+    rounds = 60 * soak_factor
+    for r in range(rounds):
+        start = threading.Barrier(4)
+        futures = collections.defaultdict(list)
+        producers = [
+            threading.Thread(target=_produce,
+                             args=(d, probe, (r, p), chats, 6, futures[p], start))
+            for p in range(4)
+        ]
+        for t in producers:
+            t.start()
+        for t in producers:
+            t.join()
+        assert d.drain(timeout=30)
+        assert probe.overlaps == [], "two tasks of one chat ran at once"
+        probe.assert_fifo_per_producer()
+        assert d.active_chats == 0
+
+
+class RemovalRaceChat:
+    """A chat id that holds the worker inside its queue-removal critical section.
+
+    The first time a worker thread hashes it after ``arm()`` (that is, while
+    the worker removes the chat's empty queue, holding the queue's lock), it
+    signals ``in_removal`` and lingers, so that a submitter can look the
+    queue up and block on its lock at exactly the wrong moment.
+    """
+
+    def __init__(self):
+        self.armed = False
+        self.in_removal = threading.Event()
+
+    def arm(self):
+        self.armed = True
+
+    def __hash__(self):
+        if self.armed and threading.current_thread().name.startswith("fastdispatch-worker"):
+            self.armed = False
+            self.in_removal.set()
+            time.sleep(0.2)
+        return 42
+
+    def __eq__(self, other):
+        return self is other
+
+
+def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher):
+    # Regression test for the self-removal race of SPEC §2.3.4, made
+    # deterministic: the submitter finds the queue just before the worker
+    # removes it and waits for its lock.  Without the re-check it pushes onto
+    # the orphaned queue; the chat's next task then gets a second queue and
+    # a second worker, and runs while the first one is still running.
+    d = make_dispatcher(max_inflight=4)
+    chat = RemovalRaceChat()
+    chat.arm()
+    d.submit(chat, lambda sc: None)
+    assert chat.in_removal.wait(10)
+    running = threading.Event()
+    gate = threading.Event()
+    second_started = threading.Event()
+
+    def first(sc):
+        running.set()
+        gate.wait(10)
+        return "first"
+
+    submitter = threading.Thread(target=lambda: d.submit(chat, first))
+    submitter.start()
+    assert running.wait(10)
+    submitter.join(10)
+    second = d.submit(chat, lambda sc: second_started.set())
+    # The chat's first task is running: the second must wait for it.
+    overlapped = second_started.wait(0.5)
+    gate.set()
+    second.result(10)
+    assert not overlapped, "two tasks of the same chat ran at the same time"
+    assert d.drain(timeout=10)
+    assert d.active_chats == 0
