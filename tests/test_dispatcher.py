@@ -272,19 +272,24 @@ def test_timeout_releases_result_at_the_deadline_while_next_task_waits(make_disp
 
 def test_send_context_is_cancelled_at_the_deadline(make_dispatcher):
     d = make_dispatcher(send_timeout=0.2)
+    seen = []
 
     def cooperative(sc):
-        assert not sc.cancelled and 0 < sc.remaining() <= 0.2
-        sc.check()
-        woke_cancelled = sc.wait(5)
-        with pytest.raises(SendTimeout):
-            sc.check()
-        return woke_cancelled, sc.remaining()
+        seen.append((sc.cancelled, sc.remaining()))
+        sc.check()                       # not cancelled yet: returns
+        seen.append(sc.wait(5))          # wakes at the deadline, not after 5 s
+        seen.append(sc.remaining())
+        sc.check()                       # raises SendTimeout
 
+    t0 = time.monotonic()
     fut = d.submit("c", cooperative)
     with pytest.raises(SendTimeout):
         fut.result(5)
     assert d.drain(5)
+    assert time.monotonic() - t0 < 2
+    (cancelled, remaining), woke, left = seen
+    assert not cancelled and 0 < remaining <= 0.2
+    assert woke is True and left == 0.0
 
 
 def test_no_timeout_means_no_deadline(make_dispatcher):

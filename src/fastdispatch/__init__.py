@@ -34,6 +34,25 @@ _core, IMPLEMENTATION = _select_core()
 OutboundDispatcher = build_dispatcher_class(_core)
 SendContext = _core.SendContext
 
+# The per-event layer, built on the names above.
+from . import rules  # noqa: E402
+from .context import Context, Extensions, ReservedKeyError  # noqa: E402
+from .engine import Engine  # noqa: E402
+from .platform import (  # noqa: E402
+    Capabilities,
+    ChatInfo,
+    Event,
+    GroupMemberLister,
+    MessageAuthorMuter,
+    MessageDeleter,
+    Sender,
+    SenderInfo,
+    SendRequest,
+    SendResult,
+    TextMessage,
+    TypingSender,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -49,4 +68,21 @@ __all__ = [
     "SendTimeout",
     "TaskDiscarded",
     "Cancelled",
+    "Context",
+    "Extensions",
+    "ReservedKeyError",
+    "Engine",
+    "rules",
+    "ChatInfo",
+    "SenderInfo",
+    "Event",
+    "TextMessage",
+    "SendRequest",
+    "SendResult",
+    "Capabilities",
+    "Sender",
+    "MessageDeleter",
+    "TypingSender",
+    "GroupMemberLister",
+    "MessageAuthorMuter",
 ]

@@ -1,0 +1,40 @@
+"""Implementation selection: the compiled core unless told or unable otherwise."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fastdispatch
+
+
+def _implementation_with(env_value):
+    env = dict(os.environ)
+    env.pop("FASTDISPATCH_NO_EXTENSIONS", None)
+    if env_value is not None:
+        env["FASTDISPATCH_NO_EXTENSIONS"] = env_value
+    out = subprocess.run(
+        [sys.executable, "-c", "import fastdispatch; print(fastdispatch.IMPLEMENTATION)"],
+        env=env, capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.strip()
+
+
+def test_environment_variable_forces_the_pure_python_core():
+    assert _implementation_with("1") == "python"
+
+
+def test_compiled_core_is_used_when_present():
+    if importlib.util.find_spec("fastdispatch._ringbuf") is None:
+        pytest.skip("the compiled core is not built in this installation")
+    assert _implementation_with(None) == "cython"
+    assert _implementation_with("0") == "cython"
+
+
+def test_public_classes_come_from_the_selected_core():
+    core = fastdispatch._core
+    assert fastdispatch.SendContext is core.SendContext
+    assert issubclass(fastdispatch.OutboundDispatcher, core.DispatcherCore)
+    assert fastdispatch.IMPLEMENTATION == ("cython" if core.__name__.endswith("_ringbuf")
+                                           else "python")
