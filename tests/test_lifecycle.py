@@ -92,8 +92,12 @@ def test_drain_returns_false_on_timeout(make_dispatcher):
     t0 = time.monotonic()
     assert d.drain(timeout=0.2) is False
     assert time.monotonic() - t0 < 2
+    assert d.drain(timeout=0) is False       # 0: look without waiting
     gate.set()
     assert d.drain(timeout=10)
+    assert d.drain(timeout=0) is True
+    with pytest.raises(ValueError, match="timeout"):
+        d.drain(timeout=-1)
 
 
 def test_shutdown_finishes_work_and_leaves_no_thread(impl):

@@ -35,14 +35,14 @@ def _check_size(name, value):
     return int(value)
 
 
-def _check_seconds(name, value, allow_none):
+def _check_seconds(name, value, allow_none, allow_zero=False):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError("%s must be a number of seconds%s, got %r" % (
             name, " or None" if allow_none else "", type(value).__name__))
     value = float(value)
-    if math.isnan(value) or value <= 0:
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError("%s must be a positive number of seconds, got %r" % (name, value))
     if math.isinf(value):
         if allow_none:
@@ -125,7 +125,7 @@ class _Lifecycle:
         seconds passed first.  Must not be called from inside a task.
         """
         self._refuse_from_worker("drain")
-        timeout = _check_seconds("timeout", timeout, allow_none=True)
+        timeout = _check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         self._add_drain_waiter(1)
         try:
             with self._drained:
@@ -144,7 +144,7 @@ class _Lifecycle:
         stays closed and the remaining work goes on).
         """
         self._refuse_from_worker("shutdown")
-        timeout = _check_seconds("timeout", timeout, allow_none=True)
+        timeout = _check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         deadline = None if timeout is None else monotonic() + timeout
         self.close()
         if not self.drain(timeout):
