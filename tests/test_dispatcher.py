@@ -451,3 +451,28 @@ def test_inflight_and_queue_len_are_readable_at_any_time(make_dispatcher):
     gate.set()
     assert d.drain(5)
     assert d.inflight == 0
+
+
+def test_future_from_submit_behaves_like_a_plain_future(make_dispatcher):
+    d = make_dispatcher()
+    started, gate = threading.Event(), threading.Event()
+    fut = d.submit("c", lambda sc: (started.set(), gate.wait(10), "value")[2])
+    assert type(fut) is concurrent.futures.Future
+    assert started.wait(10)
+    assert fut.running() and not fut.done() and not fut.cancel()
+    called = []
+    fut.add_done_callback(called.append)
+    released = []
+    waiter = threading.Thread(target=lambda: released.append(fut.result(10)))
+    waiter.start()
+    time.sleep(0.05)                        # the waiter is blocked in result()
+    gate.set()
+    waiter.join(10)
+    assert released == ["value"] and called == [fut]
+    assert fut.done() and fut.exception() is None and "finished" in repr(fut)
+    # A task that fails with no one waiting: the exception is stored all the same.
+    bad = d.submit("c", lambda sc: 1 / 0)
+    assert isinstance(bad.exception(10), ZeroDivisionError)
+    late = []
+    bad.add_done_callback(late.append)       # added after completion: runs at once
+    assert late == [bad]

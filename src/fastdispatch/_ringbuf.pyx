@@ -24,7 +24,8 @@ from cpython.object cimport PyObject
 
 import logging
 import threading
-from concurrent.futures import Future
+from collections import deque
+from concurrent.futures import Future, _base as _futures_base
 from time import monotonic
 
 from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
@@ -73,6 +74,106 @@ cdef enum:
 
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 cdef cython.pymutex _event_lock
+
+
+# ----------------------------------------------------------- Future fast paths
+#
+# Every submit makes a concurrent.futures.Future, and every task moves one to
+# RUNNING and then FINISHED.  Done through the public methods, that is
+# Python-level code (Future.__init__ builds a Condition; set_result takes it,
+# notifies, runs callbacks) costing more than the whole rest of the dispatch.
+# The three helpers below do the same state changes from C, under the same
+# lock, and defer to the public methods whenever anything is unusual (a
+# waiter to notify, a cancelled Future).  They rely on the layout of Future
+# and Condition, which is checked once at import: if a Python version ever
+# changes it, the public methods are used throughout.
+
+cdef object _PENDING = _futures_base.PENDING
+cdef object _RUNNING = _futures_base.RUNNING
+cdef object _FINISHED = _futures_base.FINISHED
+cdef object _Condition = threading.Condition
+cdef object _RLock = threading.RLock
+
+
+def _future_layout_is_known():
+    future = Future()
+    condition = future._condition
+    return (list(vars(future)) == ["_condition", "_state", "_result", "_exception",
+                                   "_waiters", "_done_callbacks"]
+            and type(condition) is _Condition
+            and list(vars(condition)) == ["_lock", "acquire", "release", "_release_save",
+                                          "_acquire_restore", "_is_owned", "_waiters"]
+            and type(condition._lock) is type(_RLock())
+            and type(condition._waiters) is deque
+            and future._state is _PENDING)
+
+
+cdef bint _fast_futures = _future_layout_is_known()
+
+
+cdef object _new_future():
+    """``Future()``, with its Condition built field by field."""
+    if not _fast_futures:
+        return Future()
+    lock = _RLock()
+    condition = _Condition.__new__(_Condition)
+    condition._lock = lock
+    condition.acquire = lock.acquire
+    condition.release = lock.release
+    condition._release_save = lock._release_save
+    condition._acquire_restore = lock._acquire_restore
+    condition._is_owned = lock._is_owned
+    condition._waiters = deque()
+    future = Future.__new__(Future)
+    future._condition = condition
+    future._state = _PENDING
+    future._result = None
+    future._exception = None
+    future._waiters = []
+    future._done_callbacks = []
+    return future
+
+
+cdef bint _future_start(object future) except -1:
+    """``future.set_running_or_notify_cancel()``: False if it was cancelled."""
+    cdef bint started = False
+    if _fast_futures:
+        lock = future._condition._lock
+        lock.acquire()
+        if future._state is _PENDING:
+            future._state = _RUNNING
+            started = True
+        lock.release()
+        if started:
+            return True
+    return future.set_running_or_notify_cancel()
+
+
+cdef int _future_finish(object future, object result, object error) except -1:
+    """``set_result(result)`` or, if ``error`` is not None, ``set_exception(error)``."""
+    cdef bint done = False
+    if _fast_futures:
+        condition = future._condition
+        lock = condition._lock
+        lock.acquire()
+        # Nobody blocked in result()/wait(): no one to notify.
+        if future._state is _RUNNING and not condition._waiters and not future._waiters:
+            if error is None:
+                future._result = result
+            else:
+                future._exception = error
+            future._state = _FINISHED
+            done = True
+        lock.release()
+        if done:
+            if future._done_callbacks:
+                future._invoke_callbacks()
+            return 0
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+    return 0
 
 
 cdef class RingBuffer:
@@ -367,7 +468,7 @@ cdef class DispatcherCore:
         """
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
-        future = Future()
+        future = _new_future()
         self._enqueue(chat_id, task, future)
         return future
 
@@ -599,7 +700,7 @@ cdef class DispatcherCore:
         cdef object result = None
         cdef object error = None
         cdef object panic = None
-        if future is not None and not future.set_running_or_notify_cancel():
+        if future is not None and not _future_start(future):
             self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
             return True
         if self._on_start is not None:
@@ -645,10 +746,7 @@ cdef class DispatcherCore:
         cdef object future = item._future
         item._future = None
         if future is not None:
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+            _future_finish(future, result, error)
         FD_ADD(&self._counts[outcome], 1)
         if self._on_done is not None:
             self._report(item, error, <double>monotonic() - item._t_start)
