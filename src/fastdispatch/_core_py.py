@@ -39,6 +39,8 @@ _NOT_CANCELLED, _BY_TIMEOUT, _BY_FORCE = 0, 1, 2
 # The timer thread's state: awake, asleep until the registry head's deadline,
 # or asleep with nothing to wait for (a task start must wake it).
 _AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
+# What _call_searcher_locked returns when a new worker thread must start.
+_SPAWN = object()
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
 
@@ -216,6 +218,7 @@ class DispatcherCore:
         self._ready = deque()
         self._idle = []
         self._threads = 0
+        self._searching = False
         self._stopping = False
         self._run_lock = _allocate_lock()
         self._running = OrderedDict()
@@ -330,23 +333,46 @@ class DispatcherCore:
         raise exc
 
     def _schedule(self, q):
-        # Put a chat that just got work (and has no worker) on the ready list,
-        # then wake an idle worker, or start one if under the cap.  When all
-        # max_inflight workers are busy the chat simply waits in the list:
+        # Put a chat that just got work (and has no worker) on the ready list.
+        # When all max_inflight workers are busy the chat simply waits there:
         # it holds no thread (invariant 5).
-        wake = None
-        spawn = False
         with self._pool_lock:
             self._ready.append(q)
-            if self._idle:
-                wake = self._idle.pop()
-            elif self._threads < self._max_inflight:
-                self._threads += 1
-                spawn = True
-        if wake is not None:
-            wake.release()
-        elif spawn:
-            self._spawn_worker()
+            searcher = self._call_searcher_locked()
+        self._send_searcher(searcher)
+
+    def _call_searcher_locked(self):
+        # With _pool_lock held: if no worker is already on its way to the
+        # ready list, send one (an idle one, else a new one under the cap).
+        # One at a time: a searcher that finds work calls the next one, so
+        # workers are woken as fast as they actually start, not once per
+        # chat (with the GIL, a burst of wake-ups is a burst of thread
+        # switches that buys nothing).  Returns the idle worker's wake lock to
+        # release, _SPAWN to start a new worker, or None.
+        if self._searching:
+            return None
+        if self._idle:
+            self._searching = True
+            return self._idle.pop()
+        if self._threads < self._max_inflight:
+            self._searching = True
+            self._threads += 1
+            return _SPAWN
+        return None
+
+    def _send_searcher(self, searcher):
+        if searcher is None:
+            return
+        if searcher is not _SPAWN:
+            searcher.release()
+        else:
+            try:
+                self._spawn_worker()
+            except BaseException:
+                with self._pool_lock:
+                    self._threads -= 1
+                    self._searching = False
+                logger.exception("could not start a worker thread")
 
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
@@ -394,24 +420,39 @@ class DispatcherCore:
         """Body of one worker thread: take a ready chat, drain it, repeat."""
         wake = _allocate_lock()
         wake.acquire()
+        searching = True  # a new worker was started as the searcher
         while True:
-            q = self._next_chat(wake)
+            q = self._next_chat(wake, searching)
             if q is None:
                 return
             self._drain_chat(q)
+            searching = False
 
-    def _next_chat(self, wake):
+    def _next_chat(self, wake, searching):
         # Return the next ready chat, or None when this worker should exit
         # (idle for idle_timeout, or the dispatcher is stopping).
+        # ``searching``: this worker was woken (or started) as the searcher.
         while True:
+            searcher = None
             with self._pool_lock:
+                if searching:
+                    self._searching = searching = False
+                    if len(self._ready) > 1:
+                        # More work than this worker: pass the baton on.
+                        searcher = self._call_searcher_locked()
                 if self._ready:
-                    return self._ready.popleft()
-                if self._stopping:
+                    q = self._ready.popleft()
+                elif self._stopping:
                     self._threads -= 1
                     return None
-                self._idle.append(wake)
+                else:
+                    q = None
+                    self._idle.append(wake)
+            if q is not None:
+                self._send_searcher(searcher)
+                return q
             if wake.acquire(True, self._idle_timeout):
+                searching = True
                 continue
             with self._pool_lock:
                 if wake in self._idle:
@@ -420,6 +461,7 @@ class DispatcherCore:
                     return None
             # A waker popped us just as we timed out; take its release.
             wake.acquire()
+            searching = True
 
     def _drain_chat(self, q):
         queues = self._queues

@@ -72,6 +72,9 @@ cdef enum:
     C_CANCELLED = 3
     C_TIMED_OUT = 4
 
+# What _call_searcher_locked returns when a new worker thread must start.
+cdef object _SPAWN = object()
+
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 cdef cython.pymutex _event_lock
 
@@ -417,6 +420,7 @@ cdef class DispatcherCore:
     cdef long long _ready_len         # atomic, so workers may peek without the lock
     cdef list _idle                   # wake locks of idle workers (a stack)
     cdef Py_ssize_t _threads
+    cdef bint _searching              # a worker is on its way to the ready list
     cdef bint _stopping
     # running tasks, oldest first (the deadline schedule); guarded by _run_lock
     cdef cython.pymutex _run_lock
@@ -545,23 +549,48 @@ cdef class DispatcherCore:
         raise exc
 
     cdef int _schedule(self, ChatQueue q) except -1:
-        # Put a chat that just got work (and has no worker) on the ready list,
-        # then wake an idle worker, or start one if under the cap.  When all
-        # max_inflight workers are busy the chat simply waits in the list:
+        # Put a chat that just got work (and has no worker) on the ready list.
+        # When all max_inflight workers are busy the chat simply waits there:
         # it holds no thread (invariant 5).
-        cdef object wake = None
-        cdef bint spawn = False
+        cdef object searcher
         with self._pool_lock:
             self._ready_append(q)
-            if self._idle:
-                wake = self._idle.pop()
-            elif self._threads < self._max_inflight:
-                self._threads += 1
-                spawn = True
-        if wake is not None:
-            wake.release()
-        elif spawn:
-            self._spawn_worker()
+            searcher = self._call_searcher_locked()
+        self._send_searcher(searcher)
+        return 0
+
+    cdef object _call_searcher_locked(self):
+        # With _pool_lock held: if no worker is already on its way to the
+        # ready list, send one (an idle one, else a new one under the cap).
+        # One at a time: a searcher that finds work calls the next one, so
+        # workers are woken as fast as they actually start, not once per
+        # chat (with the GIL, a burst of wake-ups is a burst of thread
+        # switches that buys nothing).  Returns the idle worker's wake lock to
+        # release, _SPAWN to start a new worker, or None.
+        if self._searching:
+            return None
+        if self._idle:
+            self._searching = True
+            return self._idle.pop()
+        if self._threads < self._max_inflight:
+            self._searching = True
+            self._threads += 1
+            return _SPAWN
+        return None
+
+    cdef int _send_searcher(self, object searcher) except -1:
+        if searcher is None:
+            return 0
+        if searcher is not _SPAWN:
+            searcher.release()
+        else:
+            try:
+                self._spawn_worker()
+            except BaseException:
+                with self._pool_lock:
+                    self._threads -= 1
+                    self._searching = False
+                logger.exception("could not start a worker thread")
         return 0
 
     cdef inline void _ready_append(self, ChatQueue q):
@@ -634,27 +663,44 @@ cdef class DispatcherCore:
     def _worker_main(self):
         """Body of one worker thread: take a ready chat, drain it, repeat."""
         cdef ChatQueue q
+        cdef bint searching = True  # a new worker was started as the searcher
         wake = _allocate_lock()
         wake.acquire()
         while True:
-            q = self._next_chat(wake)
+            q = self._next_chat(wake, searching)
             if q is None:
                 return
             self._drain_chat(q)
+            searching = False
 
-    cdef ChatQueue _next_chat(self, object wake):
+    cdef ChatQueue _next_chat(self, object wake, bint searching):
         # Return the next ready chat, or None when this worker should exit
         # (idle for idle_timeout, or the dispatcher is stopping).
+        # ``searching``: this worker was woken (or started) as the searcher.
+        cdef ChatQueue q
+        cdef object searcher
         cdef bint found
         while True:
+            searcher = None
+            q = None
             with self._pool_lock:
+                if searching:
+                    self._searching = searching = False
+                    if FD_LOAD(&self._ready_len) > 1:
+                        # More work than this worker: pass the baton on.
+                        searcher = self._call_searcher_locked()
                 if self._ready_head is not None:
-                    return self._ready_popleft()
-                if self._stopping:
+                    q = self._ready_popleft()
+                elif self._stopping:
                     self._threads -= 1
                     return None
-                self._idle.append(wake)
+                else:
+                    self._idle.append(wake)
+            if q is not None:
+                self._send_searcher(searcher)
+                return q
             if wake.acquire(True, self._idle_timeout):
+                searching = True
                 continue
             with self._pool_lock:
                 found = wake in self._idle
@@ -665,6 +711,7 @@ cdef class DispatcherCore:
                 return None
             # A waker popped us just as we timed out; take its release.
             wake.acquire()
+            searching = True
 
     cdef int _drain_chat(self, ChatQueue q) except -1:
         cdef SendContext item
