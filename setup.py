@@ -36,9 +36,12 @@ class OptionalBuildExt(build_ext):
     def _fallback(self, exc):
         if _flag("FASTDISPATCH_REQUIRE_EXTENSIONS"):
             raise exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if len(reason) > 120:
+            reason = type(exc).__name__ + ": " + reason[:100] + "..."
         sys.stderr.write(
             "\nWARNING: fastdispatch could not compile its C extension (%s); "
-            "installing the pure-Python implementation instead.\n\n" % (exc,))
+            "installing the pure-Python implementation instead.\n\n" % (reason,))
 
 
 def _extensions():

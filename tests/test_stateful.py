@@ -177,3 +177,15 @@ def test_stats_accounting_matches_a_model(impl):
     run_state_machine_as_test(
         _stats_machine(impl),
         settings=settings(max_examples=25, stateful_step_count=12, deadline=None))
+
+
+def test_ring_buffer_init_again_empties_it(impl):
+    ring = impl.RingBuffer(3)
+    for i in range(3):
+        assert ring.push(i)
+    ring.__init__(2)
+    assert len(ring) == 0 and ring.capacity == 2
+    assert ring.push("a") and ring.push("b") and not ring.push("c")
+    assert [ring.pop(), ring.pop()] == ["a", "b"]
+    with pytest.raises(ValueError):
+        impl.RingBuffer(0)

@@ -199,6 +199,10 @@ cdef class RingBuffer:
         self._init(capacity)
 
     cdef inline void _init(self, Py_ssize_t capacity):
+        # Also (re)sets the indexes: __init__ called again empties the buffer
+        # instead of leaving them pointing past the new slots.
+        self._head = 0
+        self._count = 0
         self.capacity = capacity
         self._size = 4 if capacity > 4 else capacity
         self._slots = [None] * self._size
@@ -244,24 +248,33 @@ cdef class RingBuffer:
         self._head = 0
         return items
 
+    # The Python-facing methods lock the object itself (a no-op with the
+    # GIL); the dispatcher never calls them: it uses the cdef methods above
+    # under ChatQueue._lock.
+
+    @cython.critical_section
     def push(self, item):
         """Append ``item``; return False (and store nothing) when full."""
         return self._push(item)
 
+    @cython.critical_section
     def pop(self):
         """Remove and return the oldest item; raise IndexError when empty."""
         if self._count == 0:
             raise IndexError("pop from an empty RingBuffer")
         return self._pop()
 
+    @cython.critical_section
     def clear(self):
         """Remove every item and return them, oldest first."""
         return self._clear()
 
+    @cython.critical_section
     def __len__(self):
         return self._count
 
     @property
+    @cython.critical_section
     def full(self):
         return self._count >= self.capacity
 
@@ -716,6 +729,7 @@ cdef class DispatcherCore:
     cdef int _drain_chat(self, ChatQueue q) except -1:
         cdef SendContext item
         cdef dict queues = self._queues
+        cdef bint rotate
         while True:
             with q._lock:
                 if q._count == 0:
@@ -732,12 +746,15 @@ cdef class DispatcherCore:
                 break
             if not self._run(item, q):
                 return 0  # the task panicked; its chat is gone
-            if FD_LOAD(&self._ready_len) and q._count:
+            if FD_LOAD(&self._ready_len):
                 # Other chats wait for a worker: go to the back of the line
                 # so that a busy chat cannot starve quiet ones.
-                with self._pool_lock:
-                    self._ready_append(q)
-                return 0
+                with q._lock:
+                    rotate = q._count != 0
+                if rotate:
+                    with self._pool_lock:
+                        self._ready_append(q)
+                    return 0
         self._maybe_drained()
         return 0
 
