@@ -56,11 +56,24 @@ class ChatProbe:
                 last[producer] = seq
 
 
-def _produce(d, probe, producer, chats, count, futures, start):
-    start.wait()
-    for seq in range(count):
-        chat = chats[seq % len(chats)]
-        futures.append(d.submit(chat, probe.task(chat, producer, seq)))
+def run_producers(d, probe, producers, chats, count):
+    """Start ``producers`` threads at once, each submitting ``count`` tasks
+    numbered 0.. over ``chats`` in turn; return {producer: [futures]}."""
+    futures = collections.defaultdict(list)
+    start = threading.Barrier(len(producers))
+
+    def produce(producer):
+        start.wait()
+        for seq in range(count):
+            chat = chats[seq % len(chats)]
+            futures[producer].append(d.submit(chat, probe.task(chat, producer, seq)))
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in producers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return futures
 
 
 def test_same_chat_tasks_start_in_submission_order_and_never_overlap(
@@ -70,17 +83,7 @@ def test_same_chat_tasks_start_in_submission_order_and_never_overlap(
     probe = ChatProbe()
     chats = ["chat-%d" % i for i in range(12)]
     per_producer = 400 * soak_factor
-    futures = collections.defaultdict(list)
-    start = threading.Barrier(8)
-    producers = [
-        threading.Thread(target=_produce,
-                         args=(d, probe, p, chats, per_producer, futures[p], start))
-        for p in range(8)
-    ]
-    for t in producers:
-        t.start()
-    for t in producers:
-        t.join()
+    futures = run_producers(d, probe, range(8), chats, per_producer)
     assert d.drain(timeout=60)
     assert probe.overlaps == []
     probe.assert_fifo_per_producer()
@@ -95,17 +98,7 @@ def test_one_chat_with_many_producers_never_runs_two_tasks_at_once(
     d = make_dispatcher(max_inflight=16, queue_size=100_000, send_timeout=None)
     probe = ChatProbe()
     per_producer = 500 * soak_factor
-    futures = collections.defaultdict(list)
-    start = threading.Barrier(6)
-    producers = [
-        threading.Thread(target=_produce,
-                         args=(d, probe, p, ["only"], per_producer, futures[p], start))
-        for p in range(6)
-    ]
-    for t in producers:
-        t.start()
-    for t in producers:
-        t.join()
+    run_producers(d, probe, range(6), ["only"], per_producer)
     assert d.drain(timeout=60)
     assert probe.overlaps == []
     assert probe.max_parallel == 1
@@ -196,26 +189,15 @@ class SlowHashChat:
 
 def test_chat_queue_churn_keeps_fifo_and_exclusivity(
         make_dispatcher, tiny_switch_interval, soak_factor):
-    # Regression test for the self-removal race: a submitter that found the
-    # queue just before its worker removed it must not push onto the orphan
-    # (that would start a second worker for the same chat).  Bursts keep the
-    # chat's queue going empty and being removed while producers submit.
+    # Queues keep going empty, being removed and recreated while several
+    # producers submit; chat ids with a slow hash widen every window of the
+    # self-removal race (the deterministic version is the test below).
     d = make_dispatcher(max_inflight=8, queue_size=100_000, send_timeout=None)
     probe = ChatProbe()
     chats = [SlowHashChat("c%d" % i) for i in range(2)]
     rounds = 60 * soak_factor
     for r in range(rounds):
-        start = threading.Barrier(4)
-        futures = collections.defaultdict(list)
-        producers = [
-            threading.Thread(target=_produce,
-                             args=(d, probe, (r, p), chats, 6, futures[p], start))
-            for p in range(4)
-        ]
-        for t in producers:
-            t.start()
-        for t in producers:
-            t.join()
+        run_producers(d, probe, [(r, p) for p in range(4)], chats, 6)
         assert d.drain(timeout=30)
         assert probe.overlaps == [], "two tasks of one chat ran at once"
         probe.assert_fifo_per_producer()
