@@ -195,3 +195,31 @@ def test_process_exits_without_shutdown():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "done"
     assert time.monotonic() - t0 < 15   # idle workers (60 s) did not hold it open
+
+
+def test_nothing_is_retained_once_many_chats_have_drained(make_dispatcher):
+    import gc
+    import tracemalloc
+
+    d = make_dispatcher(max_inflight=1, send_timeout=None)
+    d.post("warm-up", lambda sc: None)
+    assert d.drain(10)
+    gc.collect()
+    gate = threading.Event()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        d.post("blocker", lambda sc: gate.wait(10))   # the only worker waits:
+        for chat in range(50_000):                     # all 50k chats pile up
+            d.post(chat, lambda sc: None)
+        assert d.active_chats == 50_001
+        gate.set()
+        assert d.drain(30)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    retained = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    # The chat map's table alone would keep ~2.5 MB if it stayed at its peak.
+    assert retained < 256 * 1024, retained
+    assert d.active_chats == 0

@@ -11,14 +11,17 @@ Locks, and what each protects:
 
 - ``ChatQueue.lock``: the queue's items and its ``running`` flag, and the
   removal of the queue from the chat map (invariant 4).
+- ``_map_lock``: inserting a new queue into the chat map, against resetting
+  the map when its last chat leaves.
 - ``_pool_lock``: the ready list (chats that have work but no worker), the
   idle-worker stack and the thread count.
 - ``_run_lock``: the registry of running tasks (the deadline schedule) and
   the timer thread's sleep state.
 - ``_count_lock``: the counters (the C twin uses atomic integers instead).
 
-No lock is ever taken while another is held, except a queue lock inside
-nothing and the pool lock inside nothing: there is no lock order to get wrong.
+The only nesting is ``_map_lock`` inside a queue lock (when the last chat
+leaves the map); nothing takes them the other way round, so there is no lock
+order to get wrong.
 """
 
 import logging
@@ -213,6 +216,7 @@ class DispatcherCore:
 
     def __init__(self, *args, **kwargs):
         self._queues = {}
+        self._map_lock = _allocate_lock()
         self._closed = False
         self._pool_lock = _allocate_lock()
         self._ready = deque()
@@ -291,7 +295,9 @@ class DispatcherCore:
             if q is None:
                 # Allocate only on a miss; setdefault keeps whichever queue
                 # another submitter may have installed first.
-                q = queues.setdefault(chat_id, ChatQueue(chat_id, self._queue_size))
+                fresh = ChatQueue(chat_id, self._queue_size)
+                with self._map_lock:
+                    q = queues.setdefault(chat_id, fresh)
             with q.lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
@@ -464,7 +470,6 @@ class DispatcherCore:
             searching = True
 
     def _drain_chat(self, q):
-        queues = self._queues
         while True:
             with q.lock:
                 items = q._items
@@ -472,8 +477,7 @@ class DispatcherCore:
                     # Invariant 4: the empty queue leaves the map while its
                     # lock is held, so a submitter's re-check cannot miss it.
                     q.running = False
-                    if queues.get(q.chat_id) is q:
-                        del queues[q.chat_id]
+                    self._remove_locked(q)
                     break
                 item = items.popleft()
                 item._queue_len = len(items)
@@ -486,6 +490,19 @@ class DispatcherCore:
                     self._ready.append(q)
                 return
         self._maybe_drained()
+
+    def _remove_locked(self, q):
+        # With q.lock held: take q out of the chat map.  A dict never
+        # shrinks on deletion, so after a burst of 100k chats its table would
+        # keep its peak size for good; when the last chat leaves, reset it
+        # (under _map_lock, so that no insert can slip in between).
+        queues = self._queues
+        if queues.get(q.chat_id) is q:
+            del queues[q.chat_id]
+        if not queues:
+            with self._map_lock:
+                if not queues:
+                    queues.clear()
 
     def _run(self, item, q):
         """Run one task.  Return False if it panicked."""
@@ -587,8 +604,7 @@ class DispatcherCore:
         with q.lock:
             waiting = q.clear()
             q.running = False
-            if self._queues.get(q.chat_id) is q:
-                del self._queues[q.chat_id]
+            self._remove_locked(q)
         for item in waiting:
             error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
             error.__cause__ = exc

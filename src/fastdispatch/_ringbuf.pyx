@@ -317,6 +317,7 @@ cdef class ChatQueue(RingBuffer):
 
 
 @cython.final
+@cython.freelist(256)
 cdef class SendContext:
     """What a task receives: its chat, its deadline and its cancellation.
 
@@ -439,6 +440,7 @@ cdef class DispatcherCore:
     """
 
     cdef dict _queues                 # chat_id -> ChatQueue (dict ops are atomic)
+    cdef cython.pymutex _map_lock     # inserts into _queues vs. its reset when empty
     cdef long long _closed            # atomic
     # configuration (written once, before any task)
     cdef Py_ssize_t _max_inflight
@@ -541,7 +543,9 @@ cdef class DispatcherCore:
             if q is None:
                 # Allocate only on a miss; setdefault keeps whichever queue
                 # another submitter may have installed first.
-                q = queues.setdefault(chat_id, ChatQueue(chat_id, self._queue_size))
+                fresh = ChatQueue(chat_id, self._queue_size)
+                with self._map_lock:
+                    q = queues.setdefault(chat_id, fresh)
             with q._lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
@@ -749,7 +753,6 @@ cdef class DispatcherCore:
 
     cdef int _drain_chat(self, ChatQueue q) except -1:
         cdef SendContext item
-        cdef dict queues = self._queues
         cdef bint rotate
         while True:
             with q._lock:
@@ -757,8 +760,7 @@ cdef class DispatcherCore:
                     # Invariant 4: the empty queue leaves the map while its
                     # lock is held, so a submitter's re-check cannot miss it.
                     q._running = False
-                    if queues.get(q.chat_id) is q:
-                        del queues[q.chat_id]
+                    self._remove_locked(q)
                     item = None
                 else:
                     item = q._pop()
@@ -777,6 +779,20 @@ cdef class DispatcherCore:
                         self._ready_append(q)
                     return 0
         self._maybe_drained()
+        return 0
+
+    cdef int _remove_locked(self, ChatQueue q) except -1:
+        # With q._lock held: take q out of the chat map.  A dict never
+        # shrinks on deletion, so after a burst of 100k chats its table would
+        # keep its peak size for good; when the last chat leaves, reset it
+        # (under _map_lock, so that no insert can slip in between).
+        cdef dict queues = self._queues
+        if queues.get(q.chat_id) is q:
+            del queues[q.chat_id]
+        if not queues:
+            with self._map_lock:
+                if not queues:
+                    queues.clear()
         return 0
 
     cdef bint _run(self, SendContext item, ChatQueue q) except -1:
@@ -866,8 +882,7 @@ cdef class DispatcherCore:
         with q._lock:
             waiting = q._clear()
             q._running = False
-            if self._queues.get(q.chat_id) is q:
-                del self._queues[q.chat_id]
+            self._remove_locked(q)
         for item in waiting:
             error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
             error.__cause__ = exc
