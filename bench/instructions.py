@@ -1,0 +1,95 @@
+"""Instruction counts (valgrind callgrind) for the target scenarios: ratios without noise.
+
+Run:  python bench/instructions.py            (needs valgrind; ~4 minutes)
+      python bench/instructions.py --quick    (submit/post only, ~1 minute)
+
+Wall-clock ratios on a shared two-core machine move with the neighbours'
+load and with the allocator's state; instruction counts do not.  Each
+contender runs the scenario of ``fastdispatch._bench`` under callgrind
+twice, with ``1`` and ``1 + rounds`` rounds, and the difference divided by
+``rounds * ops`` is the cost of one operation:
+
+- submit-side scenarios count only the timed call (``--toggle-collect`` on
+  the ``exec`` that runs it; the workers are held blocked meanwhile);
+- end-to-end scenarios count every thread of the process for the whole
+  round (the work of producing, dispatching, running and resolving).
+
+Instructions are CPU work, not time: they say nothing about waiting for a
+thread to be woken or for the GIL, which the wall-clock runs measure.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+RUNNER = r"""
+import sys
+from fastdispatch import _bench
+group, impl, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+scenario = _bench.make_scenario(group, impl)
+timed = compile("scenario.run()", "<timed>", "exec")
+for _ in range(rounds):
+    scenario.setup()
+    exec(timed)
+scenario.close()
+"""
+
+# (group, contenders, only the timed call?)
+PLAN = (
+    ("submit: busy chat", ("fastdispatch", "fastdispatch-py", "floor"), True),
+    ("inject: post to a busy chat", ("fastdispatch", "fastdispatch-py", "floor"), True),
+    ("e2e: submit 10k over 1000 chats",
+     ("fastdispatch", "fastdispatch-py", "threadpool", "futures-only", "floor"), False),
+    ("e2e: post 10k over 1000 chats",
+     ("fastdispatch", "fastdispatch-py", "threadpool", "floor"), False),
+)
+
+
+def collected(group, impl, rounds, timed_only):
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["valgrind", "--tool=callgrind",
+               "--callgrind-out-file=" + os.path.join(tmp, "cg.out")]
+        if timed_only:
+            cmd.append("--toggle-collect=builtin_exec")
+        cmd += [sys.executable, "-c", RUNNER, group, impl, str(rounds)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    found = re.search(r"Collected : (\d+)", proc.stderr)
+    if proc.returncode or not found:
+        raise SystemExit("callgrind failed for %s / %s:\n%s" % (group, impl, proc.stderr[-2000:]))
+    return int(found.group(1))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds counted beyond the first (default 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="only the submit-side scenarios")
+    args = parser.parse_args(argv)
+    from fastdispatch import _bench
+
+    plan = PLAN[:2] if args.quick else PLAN
+    print("instructions per operation (callgrind); %s" % _bench.describe_machine())
+    for group, impls, timed_only in plan:
+        per_op = {}
+        for impl in impls:
+            scenario = _bench.make_scenario(group, impl)
+            n_ops = scenario.ops
+            scenario.close()
+            base = collected(group, impl, 1, timed_only)
+            more = collected(group, impl, 1 + args.rounds, timed_only)
+            per_op[impl] = (more - base) / (args.rounds * n_ops)
+            sys.stderr.write("  %s / %s: %.0f\n" % (group, impl, per_op[impl]))
+        ref = per_op.get("floor")
+        rows = [(impl, "%.0f" % v, "" if not ref else "%.2f" % (v / ref))
+                for impl, v in per_op.items()]
+        print("\n%s  (%s)" % (group, "timed call only" if timed_only else "all threads"))
+        print(_bench.format_table(("contender", "instructions / op", "x floor"), rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
