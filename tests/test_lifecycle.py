@@ -1,5 +1,6 @@
 """SPEC §2.3.5 and §2.8: threads on demand, idle exit, close/drain/shutdown/force_close."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -178,20 +179,23 @@ def test_force_close_cancels_running_and_waiting_and_leaves_no_future_pending(im
     assert s.submitted == s.completed + s.failed + s.discarded + s.cancelled + s.timed_out
 
 
-def test_process_exits_without_shutdown():
+def test_process_exits_without_shutdown(impl):
     script = textwrap.dedent("""
         import threading, time
+        import fastdispatch
         from fastdispatch import OutboundDispatcher
+        assert fastdispatch.IMPLEMENTATION == %r
         d = OutboundDispatcher(idle_timeout=60)
         futs = [d.submit(i % 10, lambda sc: time.sleep(0.01)) for i in range(50)]
         for f in futs:
             f.result(10)
         d.submit("slow", lambda sc: time.sleep(0.2))
         print("done", flush=True)
-    """)
+    """ % (impl.name,))
+    env = dict(os.environ, FASTDISPATCH_NO_EXTENSIONS="1" if impl.name == "python" else "0")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                          text=True, timeout=30)
+                          text=True, timeout=30, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "done"
     assert time.monotonic() - t0 < 15   # idle workers (60 s) did not hold it open
