@@ -184,14 +184,14 @@ def test_process_exits_without_shutdown(impl):
         import threading, time
         import fastdispatch
         from fastdispatch import OutboundDispatcher
-        assert fastdispatch.IMPLEMENTATION == "IMPL"
+        assert fastdispatch.IMPLEMENTATION == "<core>"
         d = OutboundDispatcher(idle_timeout=60)
         futs = [d.submit(i % 10, lambda sc: time.sleep(0.01)) for i in range(50)]
         for f in futs:
             f.result(10)
         d.submit("slow", lambda sc: time.sleep(0.2))
         print("done", flush=True)
-    """).replace("IMPL", impl.name)
+    """).replace("<core>", impl.name)
     env = dict(os.environ, FASTDISPATCH_NO_EXTENSIONS="1" if impl.name == "python" else "0")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
