@@ -206,11 +206,8 @@ class Engine:
             return False
         if deadline is None:
             return bool(self._dispatcher.shutdown())
-        remaining = deadline - monotonic()
-        if remaining <= 0:  # out of time: at least refuse new replies
-            self._dispatcher.close()
-            return False
-        return bool(self._dispatcher.shutdown(remaining))
+        # Out of time already: shutdown(0) still closes, and reports False.
+        return bool(self._dispatcher.shutdown(max(0.0, deadline - monotonic())))
 
     def __enter__(self) -> "Engine":
         return self
