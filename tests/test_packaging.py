@@ -38,3 +38,21 @@ def test_public_classes_come_from_the_selected_core():
     assert issubclass(fastdispatch.OutboundDispatcher, core.DispatcherCore)
     assert fastdispatch.IMPLEMENTATION == ("cython" if core.__name__.endswith("_ringbuf")
                                            else "python")
+
+
+def test_demo_verifies_order_and_exits_zero():
+    out = subprocess.run(
+        [sys.executable, "-m", "fastdispatch", "demo", "--messages", "600",
+         "--chats", "60", "--latency-ms", "2", "--max-inflight", "20"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "per-chat order  OK" in out.stdout and "all checks passed" in out.stdout
+
+
+def test_command_line_lists_its_commands():
+    out = subprocess.run([sys.executable, "-m", "fastdispatch", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "demo" in out.stdout and "bench" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "fastdispatch", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown command" in bad.stderr
