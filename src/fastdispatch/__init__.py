@@ -14,10 +14,12 @@ from ._errors import (
     DispatcherClosed,
     DispatcherError,
     QueueFull,
+    RetryAfter,
     SendTimeout,
     TaskDiscarded,
 )
 from ._types import DispatcherHooks, DispatcherStats, DispatchInfo
+from .pacing import Pacing, RateLimit, RetryPolicy
 
 
 def _select_core():
@@ -68,6 +70,10 @@ __all__ = [
     "SendTimeout",
     "TaskDiscarded",
     "Cancelled",
+    "RetryAfter",
+    "RateLimit",
+    "Pacing",
+    "RetryPolicy",
     "Context",
     "Extensions",
     "ReservedKeyError",

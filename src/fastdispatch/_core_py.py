@@ -109,7 +109,7 @@ class SendContext:
 
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
-        "_fn", "_future", "_t_queued", "_t_start", "_queue_len",
+        "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -120,6 +120,12 @@ class SendContext:
         self._fn = self._future = None
         self._t_queued = self._t_start = 0.0
         self._queue_len = 0
+        self._attempt = 1
+
+    @property
+    def attempt(self):
+        """Which attempt of the task this is: 1 for the first run."""
+        return self._attempt
 
     @property
     def deadline(self):
@@ -186,6 +192,7 @@ def _new_item(chat_id, fn, future, t_queued):
     item._t_queued = t_queued
     item._t_start = 0.0
     item._queue_len = 0
+    item._attempt = 1
     return item
 
 
@@ -237,9 +244,10 @@ class DispatcherCore:
         self._inflight = 0
         self._submitted = self._completed = self._failed = 0
         self._rejected = self._discarded = self._cancelled = self._timed_out = 0
+        self._retried = self._paced = self._parked = 0
 
     def _configure(self, max_inflight, queue_size, send_timeout, idle_timeout,
-                   hooks, recover):
+                   hooks, recover, pacing=None, retry=None):
         self._max_inflight = max_inflight
         self._queue_size = queue_size
         self._send_timeout = send_timeout
@@ -248,7 +256,10 @@ class DispatcherCore:
         self._on_start = hooks.on_start
         self._on_done = hooks.on_done
         self._on_rejected = hooks.on_rejected
+        self._on_retry = hooks.on_retry
         self._recover = recover
+        self._pacing = pacing
+        self._retry = retry
 
     # ------------------------------------------------------------------ submit
 
@@ -407,7 +418,8 @@ class DispatcherCore:
         with self._count_lock:
             return (self._submitted, self._completed, self._failed, self._rejected,
                     self._discarded, self._cancelled, self._timed_out,
-                    len(self._queues), self._inflight, self._threads)
+                    len(self._queues), self._inflight, self._threads,
+                    self._retried, self._paced, self._parked)
 
     def _pending_count(self):
         return self._pending

@@ -21,10 +21,11 @@ import threading
 from time import monotonic
 
 from ._types import DispatcherHooks, DispatcherStats
+from .pacing import Pacing, RetryPolicy
 
 __all__ = ["build_dispatcher_class"]
 
-_HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected")
+_HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected", "on_retry")
 
 
 def _check_size(name, value):
@@ -64,11 +65,17 @@ def _check_hooks(hooks):
     return hooks
 
 
+# retry=None: RetryAfter is still honoured with RetryPolicy()'s limits, but
+# no other exception is retried (code that raises ConnectionError keeps
+# getting it in its Future).
+_RETRY_AFTER_ONLY = RetryPolicy(retry_on=())
+
+
 class _Lifecycle:
     """The part of OutboundDispatcher that both cores share."""
 
     def __init__(self, *, max_inflight=512, queue_size=64, send_timeout=30.0,
-                 recover=None, hooks=None, idle_timeout=5.0):
+                 recover=None, hooks=None, idle_timeout=5.0, pacing=None, retry=None):
         max_inflight = _check_size("max_inflight", max_inflight)
         queue_size = _check_size("queue_size", queue_size)
         send_timeout = _check_seconds("send_timeout", send_timeout, allow_none=True)
@@ -77,9 +84,15 @@ class _Lifecycle:
             raise TypeError("recover must be callable or None, got %r"
                             % (type(recover).__name__,))
         hooks = _check_hooks(hooks)
+        if pacing is not None and not isinstance(pacing, Pacing):
+            raise TypeError("pacing must be a Pacing or None, got %r" % (type(pacing).__name__,))
+        if retry is None:
+            retry = _RETRY_AFTER_ONLY
+        elif not isinstance(retry, RetryPolicy):
+            raise TypeError("retry must be a RetryPolicy or None, got %r" % (type(retry).__name__,))
         super().__init__()
         self._configure(max_inflight, queue_size, send_timeout, idle_timeout,
-                        hooks, recover)
+                        hooks, recover, pacing, retry)
         self._workers = set()
         self._worker_seq = itertools.count(1)
         self._timer_thread = None
@@ -197,7 +210,8 @@ def build_dispatcher_class(core):
         """Per-chat outbound dispatcher: FIFO within a chat, parallel across chats.
 
         ``OutboundDispatcher(*, max_inflight=512, queue_size=64,
-        send_timeout=30.0, recover=None, hooks=None, idle_timeout=5.0)``
+        send_timeout=30.0, recover=None, hooks=None, idle_timeout=5.0,
+        pacing=None, retry=None)``
 
         - ``max_inflight``: most tasks running at once, across all chats
           (the worker-thread cap).
@@ -206,6 +220,11 @@ def build_dispatcher_class(core):
         - ``recover``: ``callable(exc)`` called after a panic or a hook failure.
         - ``hooks``: a :class:`DispatcherHooks`.
         - ``idle_timeout``: seconds an idle worker thread lingers.
+        - ``pacing``: a :class:`Pacing` (rate limits per chat and bot-wide),
+          or None to pace nothing.
+        - ``retry``: a :class:`RetryPolicy`; None still honours
+          ``RetryAfter`` (with ``RetryPolicy()``'s limits) and retries
+          nothing else.
 
         See ``docs/dispatcher.md`` for the guarantees and the design.
         """

@@ -16,6 +16,7 @@ __all__ = [
     "SendTimeout",
     "TaskDiscarded",
     "Cancelled",
+    "RetryAfter",
 ]
 
 
@@ -50,3 +51,30 @@ class TaskDiscarded(DispatcherError):
 
 class Cancelled(DispatcherError, _FutureCancelledError):
     """The running task was cancelled by ``force_close()``."""
+
+
+class RetryAfter(DispatcherError):
+    """Raised by a task to be run again, no earlier than ``seconds`` from now.
+
+    ``scope="chat"`` (the default) pauses only the task's own chat: the same
+    task runs again before any later task of that chat, while other chats go
+    on.  ``scope="global"`` pauses every chat's starts until then (running
+    tasks go on).  This is what a platform's HTTP 429 with ``retry_after``
+    becomes.  A ``RetryAfter`` longer than the dispatcher's
+    ``RetryPolicy.max_retry_after`` fails the task's Future with it at once.
+    """
+
+    def __init__(self, seconds, scope="chat"):
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError("seconds must be a number, got %r" % (type(seconds).__name__,))
+        seconds = float(seconds)
+        if seconds != seconds or seconds < 0:
+            raise ValueError("seconds must be >= 0, got %r" % (seconds,))
+        if scope not in ("chat", "global"):
+            raise ValueError('scope must be "chat" or "global", got %r' % (scope,))
+        super().__init__(seconds, scope)
+        self.seconds = seconds
+        self.scope = scope
+
+    def __str__(self):
+        return "retry after %gs (%s)" % (self.seconds, self.scope)

@@ -337,6 +337,7 @@ cdef class SendContext:
     cdef double _t_queued
     cdef double _t_start
     cdef Py_ssize_t _queue_len
+    cdef int _attempt
     # Running-registry links; guarded by DispatcherCore._run_lock.
     cdef SendContext _prev
     cdef SendContext _next
@@ -344,9 +345,15 @@ cdef class SendContext:
 
     def __init__(self, chat_id, deadline=None):
         self.chat_id = chat_id
+        self._attempt = 1
         if deadline is not None:
             self._deadline = float(deadline)
             self._has_deadline = True
+
+    @property
+    def attempt(self):
+        """Which attempt of the task this is: 1 for the first run."""
+        return self._attempt
 
     @property
     def deadline(self):
@@ -411,6 +418,7 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
     item._fn = fn
     item._future = future
     item._t_queued = t_queued
+    item._attempt = 1
     return item
 
 
@@ -483,7 +491,7 @@ cdef class DispatcherCore:
         self._on_rejected = self._recover = None
 
     def _configure(self, Py_ssize_t max_inflight, Py_ssize_t queue_size, send_timeout,
-                   double idle_timeout, hooks, recover):
+                   double idle_timeout, hooks, recover, pacing=None, retry=None):
         self._max_inflight = max_inflight
         self._queue_size = queue_size
         self._has_timeout = send_timeout is not None
@@ -682,7 +690,7 @@ cdef class DispatcherCore:
                 FD_LOAD(&self._counts[C_FAILED]), FD_LOAD(&self._rejected),
                 FD_LOAD(&self._counts[C_DISCARDED]), FD_LOAD(&self._counts[C_CANCELLED]),
                 FD_LOAD(&self._counts[C_TIMED_OUT]), len(self._queues),
-                FD_LOAD(&self._inflight), threads)
+                FD_LOAD(&self._inflight), threads, 0, 0, 0)
 
     def _pending_count(self):
         return FD_LOAD(&self._pending)

@@ -32,6 +32,10 @@ class DispatcherHooks(NamedTuple):
       :class:`DispatchInfo`.
     - ``on_rejected(chat_id, exc)``: when ``submit``/``post`` refuses a task
       with ``QueueFull`` or ``DispatcherClosed``.
+    - ``on_retry(chat_id, attempt, delay, exc)``: in the worker thread, when
+      a task that raised ``exc`` (a ``RetryAfter`` or a ``retry_on`` error)
+      will run again after ``delay`` seconds; ``attempt`` is the attempt that
+      just failed (1 for the first).
 
     A hook that raises is logged on the ``fastdispatch`` logger and handed to
     the dispatcher's ``recover`` callable; it never stops a worker or loses a
@@ -42,6 +46,7 @@ class DispatcherHooks(NamedTuple):
     on_start: Optional[Callable[[Any], Any]] = None
     on_done: Optional[Callable[[DispatchInfo], Any]] = None
     on_rejected: Optional[Callable[[Any, BaseException], Any]] = None
+    on_retry: Optional[Callable[[Any, int, float, BaseException], Any]] = None
 
 
 class DispatcherStats(NamedTuple):
@@ -52,8 +57,11 @@ class DispatcherStats(NamedTuple):
     ``discarded`` (dropped after a panic of its chat), ``cancelled`` (cancelled
     before it started, or by ``force_close()``) or ``timed_out``; so once the
     dispatcher is drained ``submitted == completed + failed + discarded +
-    cancelled + timed_out``.  ``active_chats``, ``inflight`` and ``threads``
-    are gauges read at the same moment.
+    cancelled + timed_out``; a retried task still ends in exactly one of
+    them.  ``retried`` counts the retries scheduled and ``paced`` the starts
+    that had to wait for a rate limit.  ``active_chats``, ``inflight``,
+    ``threads`` and ``parked`` (chats waiting out a rate limit or a
+    ``RetryAfter``) are gauges read at the same moment.
 
     Fields are readable by name (``s.completed``) or by key
     (``s["completed"]``).
@@ -69,6 +77,9 @@ class DispatcherStats(NamedTuple):
     active_chats: int
     inflight: int
     threads: int
+    retried: int = 0
+    paced: int = 0
+    parked: int = 0
 
     def __getitem__(self, key):  # type: ignore[override]
         if isinstance(key, str):

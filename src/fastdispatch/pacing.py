@@ -1,0 +1,204 @@
+"""Pacing and retry configuration: ``RateLimit``, ``Pacing``, ``RetryPolicy``.
+
+These are plain, immutable values checked when they are made; the work they
+describe is done inside the dispatcher core (``_ringbuf.pyx`` and its twin),
+where a chat that may not start yet is parked on the timer thread's wake-up
+schedule instead of holding a worker.  ``docs/pacing.md`` explains the
+choices: why a sliding window and not a token bucket, and how a
+``RetryAfter`` pauses one chat (or, with ``scope="global"``, all of them)
+without reordering anything.
+"""
+
+import math
+import numbers
+import random
+
+__all__ = ["RateLimit", "Pacing", "RetryPolicy"]
+
+
+def _positive_seconds(name, value, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("%s must be a number of seconds, got %r" % (name, type(value).__name__))
+    value = float(value)
+    if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError("%s must be a %s finite number of seconds, got %r"
+                         % (name, "non-negative" if allow_zero else "positive", value))
+    return value
+
+
+class RateLimit:
+    """At most ``count`` task starts in any window of ``per`` seconds.
+
+    A sliding window, the strictest reading: ``RateLimit(20, per=60)`` never
+    lets 21 starts fall within one minute, however they are spread.  Every
+    attempt of a task counts as a start.  ``count`` is an int >= 1 and
+    ``per`` a finite number of seconds > 0.
+    """
+
+    __slots__ = ("count", "per")
+
+    def __init__(self, count, per=1.0):
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+            raise TypeError("count must be an int, got %r" % (type(count).__name__,))
+        if count < 1:
+            raise ValueError("count must be at least 1, got %r" % (count,))
+        if count > 1_000_000:
+            raise ValueError("count must be at most 1000000, got %r" % (count,))
+        object.__setattr__(self, "count", int(count))
+        object.__setattr__(self, "per", _positive_seconds("per", per))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("RateLimit is immutable")
+
+    def __eq__(self, other):
+        if not isinstance(other, RateLimit):
+            return NotImplemented
+        return self.count == other.count and self.per == other.per
+
+    def __hash__(self):
+        return hash((RateLimit, self.count, self.per))
+
+    def __repr__(self):
+        return "RateLimit(%d, per=%r)" % (self.count, self.per)
+
+    def __reduce__(self):
+        return (RateLimit, (self.count, self.per))
+
+
+def _check_limit(name, value):
+    if value is not None and not isinstance(value, RateLimit):
+        raise TypeError("%s must be a RateLimit or None, got %r" % (name, type(value).__name__))
+    return value
+
+
+def _telegram_is_group(chat_id):
+    # Telegram's group and supergroup ids are negative; a ChatInfo says so
+    # itself.
+    if isinstance(chat_id, bool):
+        return False
+    if isinstance(chat_id, int):
+        return chat_id < 0
+    if isinstance(chat_id, str):
+        return chat_id[:1] == "-" and chat_id[1:].isdigit()
+    return getattr(chat_id, "is_group", False) is True
+
+
+class _TelegramGroups:
+    """``limit_for`` of ``Pacing.telegram()``: groups get their own limit."""
+
+    __slots__ = ("group_limit",)
+
+    def __init__(self, group_limit):
+        self.group_limit = group_limit
+
+    def __call__(self, chat_id):
+        return self.group_limit if _telegram_is_group(chat_id) else None
+
+    def __repr__(self):
+        return "<telegram groups: %r>" % (self.group_limit,)
+
+
+class Pacing:
+    """How fast the dispatcher may start tasks.
+
+    - ``global_limit``: a :class:`RateLimit` over all chats together
+      (a bot-wide limit), or None.
+    - ``chat_limit``: the default :class:`RateLimit` of each chat, or None.
+    - ``limit_for``: ``callable(chat_id) -> RateLimit | None``, a chat's own
+      limit (None: ``chat_limit``).  It is called once when a chat starts
+      sending after a quiet spell, outside every dispatcher lock; if it
+      raises or returns something else than a RateLimit or None, that
+      chat's task fails with a ``TypeError`` saying so, and the dispatcher
+      goes on.
+
+    When the global limit is the bottleneck, ready chats take turns: a chat
+    with one message is not stuck behind a chat with a thousand.
+    """
+
+    __slots__ = ("global_limit", "chat_limit", "limit_for")
+
+    def __init__(self, global_limit=None, chat_limit=None, limit_for=None):
+        object.__setattr__(self, "global_limit", _check_limit("global_limit", global_limit))
+        object.__setattr__(self, "chat_limit", _check_limit("chat_limit", chat_limit))
+        if limit_for is not None and not callable(limit_for):
+            raise TypeError("limit_for must be callable or None, got %r"
+                            % (type(limit_for).__name__,))
+        object.__setattr__(self, "limit_for", limit_for)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Pacing is immutable")
+
+    @classmethod
+    def telegram(cls, broadcast=None):
+        """Telegram's limits: private chats 1/s, groups 20/min, bot-wide 30/s.
+
+        A chat is a group when its id is a negative int, the string of one,
+        or a ``ChatInfo`` with ``is_group=True``.  ``broadcast=N`` raises the
+        bot-wide limit to N/s (Telegram's paid broadcasts, up to 1000/s).
+        """
+        if broadcast is None:
+            global_limit = RateLimit(30, per=1.0)
+        else:
+            global_limit = RateLimit(broadcast, per=1.0)
+        return cls(global_limit=global_limit, chat_limit=RateLimit(1, per=1.0),
+                   limit_for=_TelegramGroups(RateLimit(20, per=60.0)))
+
+    def __repr__(self):
+        return "Pacing(global_limit=%r, chat_limit=%r, limit_for=%r)" % (
+            self.global_limit, self.chat_limit, self.limit_for)
+
+
+class RetryPolicy:
+    """Which failed tasks run again, how often and after how long.
+
+    - ``max_attempts``: attempts of one task in all (the first included),
+      whatever made it retry (``RetryAfter`` or ``retry_on``).
+    - ``backoff``, ``max_backoff``: a ``retry_on`` error waits a random time
+      in ``[0, min(max_backoff, backoff * 2 ** (attempt - 1))]`` ("full
+      jitter") before the next attempt.
+    - ``max_retry_after``: a ``RetryAfter`` asking for longer fails the task
+      at once with that ``RetryAfter`` (a bot is not frozen for hours).
+    - ``retry_on``: the exception classes retried with backoff (a tuple).
+
+    A retried task runs again before any later task of its chat.
+    """
+
+    __slots__ = ("max_attempts", "backoff", "max_backoff", "max_retry_after", "retry_on")
+
+    def __init__(self, max_attempts=5, backoff=0.5, max_backoff=30.0,
+                 max_retry_after=120.0, retry_on=(ConnectionError,)):
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, numbers.Integral):
+            raise TypeError("max_attempts must be an int, got %r"
+                            % (type(max_attempts).__name__,))
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1, got %r" % (max_attempts,))
+        backoff = _positive_seconds("backoff", backoff, allow_zero=True)
+        max_backoff = _positive_seconds("max_backoff", max_backoff, allow_zero=True)
+        max_retry_after = _positive_seconds("max_retry_after", max_retry_after, allow_zero=True)
+        if isinstance(retry_on, type):
+            retry_on = (retry_on,)
+        if not isinstance(retry_on, (tuple, list)) or not all(
+                isinstance(c, type) and issubclass(c, BaseException) for c in retry_on):
+            raise TypeError("retry_on must be a tuple of exception classes, got %r"
+                            % (retry_on,))
+        object.__setattr__(self, "max_attempts", int(max_attempts))
+        object.__setattr__(self, "backoff", backoff)
+        object.__setattr__(self, "max_backoff", max_backoff)
+        object.__setattr__(self, "max_retry_after", max_retry_after)
+        object.__setattr__(self, "retry_on", tuple(retry_on))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("RetryPolicy is immutable")
+
+    def backoff_delay(self, attempt, _random=random.random):
+        """The wait before attempt ``attempt + 1`` after a ``retry_on`` error."""
+        cap = self.backoff * (2.0 ** min(attempt - 1, 60))
+        if cap > self.max_backoff:
+            cap = self.max_backoff
+        return _random() * cap
+
+    def __repr__(self):
+        return ("RetryPolicy(max_attempts=%d, backoff=%r, max_backoff=%r, "
+                "max_retry_after=%r, retry_on=%r)" % (
+                    self.max_attempts, self.backoff, self.max_backoff,
+                    self.max_retry_after, self.retry_on))
