@@ -699,8 +699,10 @@ class DispatcherCore:
                         q.waited = True
             if until > now:
                 if q.granted:
+                    # Hand the granted start back to the line.
                     q.granted = False
                     self._granted -= 1
+                    self._timer_needed_locked(now)
                 self._park_locked(q, until)
                 return False
             q.not_before = 0.0
@@ -1023,8 +1025,9 @@ class DispatcherCore:
             try:
                 self._start_timer()
             except BaseException:
+                # The OS refused a thread: the next caller tries again.
                 self._timer_started = False
-                raise
+                logger.exception("could not start the timer thread")
         elif when < self._timer_until:
             self._wake_timer_locked()
 

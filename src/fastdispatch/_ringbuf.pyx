@@ -1047,8 +1047,10 @@ cdef class DispatcherCore:
                         q._waited = True
             if until > now:
                 if q._granted:
+                    # Hand the granted start back to the line.
                     q._granted = False
                     self._granted -= 1
+                    self._timer_needed_locked(now)
                 self._park_locked(q, until)
                 return 0
             q._not_before = 0.0
@@ -1369,8 +1371,9 @@ cdef class DispatcherCore:
             try:
                 self._start_timer()
             except BaseException:
+                # The OS refused a thread: the next caller tries again.
                 self._timer_started = False
-                raise
+                logger.exception("could not start the timer thread")
         elif when < self._timer_until:
             self._wake_timer_locked()
         return 0
