@@ -47,7 +47,7 @@ def main(argv=None):
         parser.error("--rounds-scale must be > 0, got %g" % args.rounds_scale)
     if args.plot:
         try:
-            import matplotlib  # noqa: F401  (fail before a minute of measuring)
+            import matplotlib  # type: ignore[import-not-found]  # noqa: F401  (fail early)
         except ImportError:
             parser.error("--plot needs matplotlib: pip install 'fastdispatch[plot]'")
 

@@ -23,7 +23,7 @@ from .._dispatcher import build_dispatcher_class
 try:
     from .. import _ringbuf
 except ImportError:  # no compiled core: the twin stands in, and says so
-    _ringbuf = None
+    _ringbuf = None  # type: ignore[assignment]
 
 __all__ = ["THREADS", "IMPL_LABELS", "NaiveDispatcher", "PoolDispatcher",
            "compiled_core", "make_dispatcher", "make_ring", "noop"]
@@ -143,7 +143,7 @@ class PoolDispatcher:
         return True
 
 
-_classes = {}
+_classes: dict = {}   # core module -> OutboundDispatcher class built on it
 
 
 def _dispatcher_class(core):

@@ -57,9 +57,9 @@ _PLOT_LABELS = {
 
 def plot(by_chats, by_producers, path):
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found]
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install 'fastdispatch[plot]'")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
