@@ -33,11 +33,20 @@ def test_compiled_core_is_used_when_present():
 
 
 def test_public_classes_come_from_the_selected_core():
-    core = fastdispatch._core
+    name = {"cython": "fastdispatch._ringbuf", "python": "fastdispatch._core_py"}[
+        fastdispatch.IMPLEMENTATION]
+    core = importlib.import_module(name)
     assert fastdispatch.SendContext is core.SendContext
     assert issubclass(fastdispatch.OutboundDispatcher, core.DispatcherCore)
-    assert fastdispatch.IMPLEMENTATION == ("cython" if core.__name__.endswith("_ringbuf")
-                                           else "python")
+
+
+def test_the_selected_core_is_not_a_public_attribute():
+    # pydoc lists a package's module attributes as SUBMODULES: only the API.
+    assert not hasattr(fastdispatch, "_core")
+    out = subprocess.run([sys.executable, "-m", "pydoc", "fastdispatch"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    submodules = out.split("SUBMODULES", 1)[1].split("\n\n", 1)[0] if "SUBMODULES" in out else ""
+    assert "_core" not in submodules
 
 
 def test_demo_verifies_order_and_exits_zero():
