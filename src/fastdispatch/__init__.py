@@ -2,7 +2,9 @@
 
 Within one chat, sends run strictly in order and one at a time; across chats
 they run in parallel under a global cap.  ``Context`` is the per-event object
-that handlers use to reply through it.  See ``docs/`` for the design.
+that handlers use to reply through it.
+
+Documentation: https://github.com/fastdispatch/fastdispatch/tree/main/docs
 """
 
 import os

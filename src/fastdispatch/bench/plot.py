@@ -1,7 +1,8 @@
 """``--plot``: throughput against the number of chats and of producer threads.
 
 Needs matplotlib (``pip install 'fastdispatch[plot]'``); draws the picture
-in ``docs/throughput.png``.
+in the repository's ``docs/throughput.png``
+(https://github.com/fastdispatch/fastdispatch/blob/main/docs/throughput.png).
 """
 
 import statistics
