@@ -383,6 +383,7 @@ def test_limit_for_that_fails_fails_the_task_and_the_dispatcher_goes_on(make_dis
     assert s.failed == 2 and s.completed == 1
 
 
+@pytest.mark.stress
 def test_order_and_no_overlap_with_random_retry_afters(make_dispatcher, tiny_switch_interval,
                                                        soak_factor):
     rec = Recorder()
