@@ -775,7 +775,7 @@ class DispatcherCore:
 
     def _return_grant(self, q):
         with self._run_lock:
-            if q.granted:
+            if q.granted and not self._forced:  # force_close() reset the line
                 q.granted = False
                 self._granted -= 1
                 if self._line:
@@ -1139,6 +1139,10 @@ class DispatcherCore:
         try:
             if self._windows.get(window.key) is window:
                 del self._windows[window.key]
+                if not self._windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self._windows.clear()
         except BaseException:
             logger.exception("could not forget the rate-limit window of a chat")
 

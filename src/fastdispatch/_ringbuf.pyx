@@ -1126,7 +1126,7 @@ cdef class DispatcherCore:
 
     cdef int _return_grant(self, ChatQueue q) except -1:
         with self._run_lock:
-            if q._granted:
+            if q._granted and not FD_LOAD(&self._forced):  # force_close() reset the line
                 q._granted = False
                 self._granted -= 1
                 if self._line_len:
@@ -1527,6 +1527,10 @@ cdef class DispatcherCore:
         try:
             if self._windows.get(window.key) is window:
                 del self._windows[window.key]
+                if not self._windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self._windows.clear()
         except BaseException:
             logger.exception("could not forget the rate-limit window of a chat")
         return 0

@@ -11,6 +11,8 @@
   rate limiter does (every chat waits: ``RetryAfter(scope="global")``):
   messages delivered in the same time.
 
+- ``retained_after_windows``: 100,000 chats send once; once their windows
+  have passed, the limiter's memory is back to (near) nothing;
 - ``check_cost``: wall clock of 10,000 no-op posts over 1,000 chats with
   limits that never bind, against no pacing (the CPU figure without noise
   is ``python bench/instructions.py --pacing``).
@@ -34,7 +36,7 @@ from ..pacing import Pacing, RateLimit
 from .contenders import _dispatcher_class, compiled_core
 
 __all__ = ["TITLE", "ESTIMATE", "run", "paced_throughput", "parked_bytes",
-           "retry_after_scopes", "check_cost", "max_in_window"]
+           "retained_after_windows", "retry_after_scopes", "check_cost", "max_in_window"]
 
 TITLE = "Pacing (SPEC 5): rates against the limit, in this run"
 ESTIMATE = ((25, 35), (12, 18))
@@ -116,6 +118,30 @@ def _noop(sc):
     return None
 
 
+def retained_after_windows(cls, chats=100_000, per=0.5):
+    """Bytes left once ``chats`` chats sent once and their windows passed."""
+    d = cls(max_inflight=8, pacing=Pacing(chat_limit=RateLimit(1, per=per)))
+    try:
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for c in range(chats):
+            d.post(c, _noop)
+        d.drain(timeout=60)
+        peak_windows = d._pacing_state()["windows"]
+        deadline = time.monotonic() + per + 10
+        while d._pacing_state()["windows"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        left = d._pacing_state()["windows"]
+    finally:
+        d.shutdown(timeout=10)
+    return {"retained": after - before, "windows_at_drain": peak_windows,
+            "windows_left": left, "chats": chats}
+
+
 def retry_after_scopes(cls, chats=200, per_chat=20, every=100, retry_after=1.0,
                        send_time=0.002, window=2.0, threads=32):
     """Delivered messages in ``window`` seconds with a 429 per ``every`` chats.
@@ -192,6 +218,9 @@ def run(quick, progress):
     pb = parked_bytes(cls, chats=2_000 if quick else 10_000)
     progress("pacing: one 429 in 100 chats, this chat waits vs every chat waits")
     ra = retry_after_scopes(cls)
+    chats = 20_000 if quick else 100_000
+    progress("pacing: %d chats send once; memory after their windows pass" % chats)
+    rw = retained_after_windows(cls, chats=chats)
     progress("pacing: cost of the checks (limits that never bind)")
     cost = check_cost(cls, rounds=3 if quick else 7)
     ratio = cost["paced"] / cost["plain"]
@@ -204,6 +233,9 @@ def run(quick, progress):
          "%.3f" % (tp["max_window"] / tp["limit"]), "<= 1", _verdict(tp["max_window"] <= tp["limit"])),
         ("bytes per parked chat (queue, task, window)", "%.0f B" % pb["bytes_per_chat"],
          "", "", "", "(info)"),
+        ("%dk chats sent once: windows at drain, then bytes left" % (rw["chats"] // 1000),
+         "%d B" % rw["retained"], "%d windows" % rw["windows_at_drain"], "",
+         "< 100 kB", _verdict(rw["retained"] < 100_000 and rw["windows_left"] == 0)),
         ("429 in 1 chat of 100: delivered in 2 s, one chat waits / all wait",
          "%d" % ra["chat"], "%d" % ra["global"], "%.1f" % ra["gain"], "", "(info)"),
         ("e2e time, never-binding limits / no pacing (wall clock)",
