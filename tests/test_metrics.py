@@ -312,12 +312,12 @@ def test_a_raising_user_hook_goes_to_recover_and_metrics_still_count(
     def boom(*args):
         raise raised
 
-    # on_queued runs in the submitting thread, where only an Exception is
-    # caught (a BaseException there is the caller's own); every other hook
-    # runs in the dispatcher and must survive anything.
-    user = DispatcherHooks(
-        on_queued=boom if isinstance(raised, Exception) else None,
-        on_start=boom, on_done=boom, on_rejected=boom, on_retry=boom)
+    # on_queued and on_rejected run in the submitting thread, where only an
+    # Exception is caught (a BaseException there is the caller's own); the
+    # other hooks run in the dispatcher's threads and must survive anything.
+    in_caller = boom if isinstance(raised, Exception) else None
+    user = DispatcherHooks(on_queued=in_caller, on_rejected=in_caller,
+                           on_start=boom, on_done=boom, on_retry=boom)
     d = make_dispatcher(queue_size=1, recover=recovered.append,
                         hooks=metrics.hooks("replies", compose=user))
     metrics.track(d, "replies")
