@@ -5,7 +5,7 @@ Run:  python bench/instructions.py            (needs valgrind; ~4 minutes)
 
 Wall-clock ratios on a shared two-core machine move with the neighbours'
 load and with the allocator's state; instruction counts do not.  Each
-contender runs the scenario of ``fastdispatch._bench`` under callgrind
+contender runs the scenario of ``fastdispatch.bench.scenarios`` under callgrind
 twice, with ``1`` and ``1 + rounds`` rounds, and the difference divided by
 ``rounds * ops`` is the cost of one operation:
 
@@ -27,9 +27,9 @@ import tempfile
 
 RUNNER = r"""
 import sys
-from fastdispatch import _bench
+from fastdispatch.bench import report, scenarios
 group, impl, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-scenario = _bench.make_scenario(group, impl)
+scenario = scenarios.make_scenario(group, impl)
 timed = compile("scenario.run()", "<timed>", "exec")
 for _ in range(rounds):
     scenario.setup()
@@ -69,14 +69,14 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="only the submit-side scenarios")
     args = parser.parse_args(argv)
-    from fastdispatch import _bench
+    from fastdispatch.bench import report, scenarios
 
     plan = PLAN[:2] if args.quick else PLAN
-    print("instructions per operation (callgrind); %s" % _bench.describe_machine())
+    print("instructions per operation (callgrind); %s" % report.describe_machine())
     for group, impls, timed_only in plan:
         per_op = {}
         for impl in impls:
-            scenario = _bench.make_scenario(group, impl)
+            scenario = scenarios.make_scenario(group, impl)
             n_ops = scenario.ops
             scenario.close()
             base = collected(group, impl, 1, timed_only)
@@ -87,7 +87,7 @@ def main(argv=None):
         rows = [(impl, "%.0f" % v, "" if not ref else "%.2f" % (v / ref))
                 for impl, v in per_op.items()]
         print("\n%s  (%s)" % (group, "timed call only" if timed_only else "all threads"))
-        print(_bench.format_table(("contender", "instructions / op", "x floor"), rows))
+        print(report.format_table(("contender", "instructions / op", "x floor"), rows))
     return 0
 
 

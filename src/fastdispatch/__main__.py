@@ -22,7 +22,7 @@ def main(argv=None):
     if command == "demo":
         from ._demo import main as run
     elif command == "bench":
-        from ._bench import main as run
+        from .bench import main as run
     else:
         sys.stderr.write("unknown command %r\n\n%s" % (command, USAGE))
         return 2
