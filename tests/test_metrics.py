@@ -224,7 +224,9 @@ def test_paced_starts_and_parked_chats_are_exposed(make_dispatcher, metrics):
 
 def test_gauges_are_read_from_stats_at_scrape_time(make_dispatcher, metrics):
     d = make_dispatcher(max_inflight=3, hooks=metrics.hooks("live"))
-    metrics.track(d, "live")
+    metrics.track(d, "live", max_inflight=3)
+    with pytest.raises(ValueError, match="max_inflight"):
+        metrics.track(make_dispatcher(), "other", max_inflight=0)
     gate = Gate()
     for chat in range(3):
         d.submit(chat, gate.task)
@@ -235,6 +237,7 @@ def test_gauges_are_read_from_stats_at_scrape_time(make_dispatcher, metrics):
     assert value(samples, "fastdispatch_inflight", dispatcher="live") == 3
     assert value(samples, "fastdispatch_active_chats", dispatcher="live") == 4
     assert value(samples, "fastdispatch_threads", dispatcher="live") == 3
+    assert value(samples, "fastdispatch_max_inflight", dispatcher="live") == 3
     gate.open()
     assert d.drain(timeout=10)
     samples = metrics.scrape()

@@ -282,6 +282,7 @@ class PrometheusMetrics:
         self._series = {}      # name -> _Series
         self._tracked = {}     # name -> [dispatcher, ...]
         self._folded = {}      # name -> {counter: value} of untracked dispatchers
+        self._caps = {}        # id(tracked dispatcher) -> its max_inflight, if known
         if registry is not None:
             registry.register(self)
 
@@ -314,10 +315,13 @@ class PrometheusMetrics:
             on_retry=_chain(_make_on_retry(series), user.on_retry),
         )
 
-    def track(self, dispatcher, name):
+    def track(self, dispatcher, name, *, max_inflight=None):
         """Read ``dispatcher.stats()`` at every scrape, labelled ``name``.
 
-        The dispatcher is kept (a strong reference) until :meth:`untrack`.
+        ``max_inflight``: the dispatcher's worker cap, exposed as the gauge
+        ``fastdispatch_max_inflight`` so that saturation can be computed
+        (taken from ``dispatcher.max_inflight`` when it has one).  The
+        dispatcher is kept (a strong reference) until :meth:`untrack`.
         Tracking the same dispatcher again under the same name does nothing;
         under another name raises ``ValueError``.
         """
@@ -325,6 +329,13 @@ class PrometheusMetrics:
         if not callable(getattr(dispatcher, "stats", None)):
             raise TypeError("dispatcher must have a stats() method, got %r"
                             % (type(dispatcher).__name__,))
+        if max_inflight is None:
+            max_inflight = getattr(dispatcher, "max_inflight", None)
+            if isinstance(max_inflight, bool) or not isinstance(max_inflight, int):
+                max_inflight = None
+        elif isinstance(max_inflight, bool) or not isinstance(max_inflight, int) \
+                or max_inflight < 1:
+            raise ValueError("max_inflight must be an int >= 1, got %r" % (max_inflight,))
         self._series_for(name)
         with self._lock:
             for other, tracked in self._tracked.items():
@@ -333,6 +344,8 @@ class PrometheusMetrics:
                         return
                     raise ValueError("dispatcher is already tracked as %r" % (other,))
             self._tracked.setdefault(name, []).append(dispatcher)
+            if max_inflight is not None:
+                self._caps[id(dispatcher)] = max_inflight
 
     def untrack(self, dispatcher):
         """Stop reading ``dispatcher``; its final counts stay in the counters
@@ -343,6 +356,7 @@ class PrometheusMetrics:
                 for i, d in enumerate(tracked):
                     if d is dispatcher:
                         del tracked[i]
+                        self._caps.pop(id(dispatcher), None)
                         folded = self._folded.setdefault(name, dict.fromkeys(_STAT_COUNTERS, 0))
                         for key in _STAT_COUNTERS:
                             folded[key] += getattr(final, key)
@@ -358,7 +372,7 @@ class PrometheusMetrics:
     def describe(self):
         """The families this collector yields (empty), for the registry's
         duplicate-name check."""
-        return list(self._families({}, {}, {}, {}))
+        return list(self._families({}, {}, {}, {}, {}))
 
     def collect(self):
         """Every family, read now: counters and gauges from ``stats()``,
@@ -367,6 +381,8 @@ class PrometheusMetrics:
             series = dict(self._series)
             tracked = {name: list(ds) for name, ds in self._tracked.items() if ds}
             folded = {name: dict(f) for name, f in self._folded.items()}
+            caps = {name: [self._caps[id(d)] for d in ds if id(d) in self._caps]
+                    for name, ds in tracked.items()}
         stats = {}
         for name in series:
             total = dict.fromkeys(_STAT_COUNTERS + tuple(g[1] for g in _GAUGES), 0)
@@ -377,9 +393,9 @@ class PrometheusMetrics:
                 for key in total:
                     total[key] += getattr(s, key)
             stats[name] = total
-        return self._families(series, stats, tracked, folded)
+        return self._families(series, stats, tracked, folded, caps)
 
-    def _families(self, series, stats, tracked, folded):
+    def _families(self, series, stats, tracked, folded, caps):
         tasks = CounterMetricFamily(
             "fastdispatch_tasks", "Tasks ended, by outcome (each accepted task ends "
             "in exactly one; read from stats()).", labels=("dispatcher", "outcome"))
@@ -400,6 +416,9 @@ class PrometheusMetrics:
             "per task that started.", labels=("dispatcher",))
         gauges = [(GaugeMetricFamily(metric, doc, labels=("dispatcher",)), key)
                   for metric, key, doc in _GAUGES]
+        cap = GaugeMetricFamily(
+            "fastdispatch_max_inflight", "The worker cap (max_inflight), where "
+            "track() was told it.", labels=("dispatcher",))
         bounds = self._bounds
         les = [_le_label(b) for b in bounds] + ["+Inf"]
         for name in sorted(series):
@@ -431,7 +450,9 @@ class PrometheusMetrics:
             if name in tracked:   # an untracked dispatcher's gauges are gone
                 for family, key in gauges:
                     family.add_metric(labels, st[key])
-        return [tasks, rejected, retries, paced, queue, run] + [g for g, _ in gauges]
+                if caps.get(name):
+                    cap.add_metric(labels, sum(caps[name]))
+        return [tasks, rejected, retries, paced, queue, run] + [g for g, _ in gauges] + [cap]
 
 
 class MetricsServer:
