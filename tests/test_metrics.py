@@ -465,3 +465,26 @@ def test_serve_answers_until_stopped(metrics):
     server.stop()   # idempotent
     with pytest.raises(OSError):
         urllib.request.urlopen(server.url, timeout=2)
+
+
+def test_dashboard_and_docs_name_only_exported_families(make_dispatcher, metrics):
+    """docs/observability.md and docs/grafana-dashboard.json must not drift
+    from the metric names (they are API)."""
+    import json
+    import pathlib
+    import re
+
+    docs = pathlib.Path(__file__).resolve().parent.parent / "docs"
+    if not (docs / "grafana-dashboard.json").exists():
+        pytest.skip("docs/ is not beside tests/ (an installed-wheel run)")
+    d = make_dispatcher(hooks=metrics.hooks("replies"))
+    metrics.track(d, "replies", max_inflight=512)
+    exported = {name for name, _ in metrics.scrape()}
+    exported |= {re.sub(r"_(bucket|count|sum)$", "", name) for name in exported}
+    dashboard = json.loads((docs / "grafana-dashboard.json").read_text("utf-8"))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    text = (docs / "observability.md").read_text("utf-8") + "\n".join(exprs)
+    named = set(re.findall(r"\bfastdispatch_[a-z_]+", text))
+    assert named and named <= exported, sorted(named - exported)
+    assert {"fastdispatch_tasks_total", "fastdispatch_queue_latency_seconds_bucket",
+            "fastdispatch_parked_chats", "fastdispatch_max_inflight"} <= named
