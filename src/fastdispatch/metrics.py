@@ -72,8 +72,8 @@ try:  # ``pip install fastdispatch[prometheus]``
     )
     from prometheus_client.utils import floatToGoString as _le_label
 except ImportError:  # pragma: no cover - exercised where the extra is absent
-    _DEFAULT_REGISTRY = None
-    _start_http_server = None
+    _DEFAULT_REGISTRY = None  # type: ignore[assignment]
+    _start_http_server = None  # type: ignore[assignment]
 
 try:  # ``pip install fastdispatch[otel]``
     from opentelemetry import context as _otel_context

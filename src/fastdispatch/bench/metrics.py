@@ -39,7 +39,8 @@ ESTIMATE = (60, 25)
 try:
     from opentelemetry.sdk.trace import TracerProvider
 except ImportError:  # the SDK is a test dependency, not part of the otel extra
-    TracerProvider = None
+    TracerProvider = None  # type: ignore[assignment,misc]
+_HAVE_SDK = TracerProvider is not None
 
 
 def _nothing(info):
@@ -49,8 +50,8 @@ def _nothing(info):
 class MetricsEndToEnd(EndToEnd):
     """:class:`EndToEnd` on a dispatcher with metrics ``impl`` (see the module doc)."""
 
-    impls = ("off", "empty-hook", "prometheus") + (("traced",) if TracerProvider else ()) \
-        + ("py-off", "py-prometheus")
+    impls = (("off", "empty-hook", "prometheus")  # type: ignore[assignment]
+             + (("traced",) if _HAVE_SDK else ()) + ("py-off", "py-prometheus"))
 
     def __init__(self, impl, tasks=TASKS, chats=CHATS, post=False, threads=THREADS, task=None):
         kwargs = {} if task is None else {"task": task}
@@ -92,7 +93,7 @@ class MetricsEndToEnd(EndToEnd):
 class MetricsIOBound(MetricsEndToEnd):
     """2000 chats x 5 sends of 10 ms, ``max_inflight=200`` (as the dispatcher section)."""
 
-    impls = ("off", "prometheus")
+    impls = ("off", "prometheus")  # type: ignore[assignment]
 
     def __init__(self, impl):
         super().__init__(impl, tasks=IO_CHATS * IO_SENDS, chats=IO_CHATS,
