@@ -198,21 +198,21 @@ def _make_on_done(series):
     new_cell = series.new_cell
     bounds = series.bounds
     width = series.width
+    queue_sum, run_sum = 2 * width, 2 * width + 1
     where = bisect.bisect_left   # "le": a value equal to a bound falls in it
 
     def on_done(info):
-        run = info[3]
-        if run == 0.0 and info[4] is not None:
+        _, _, queue, run, error = info
+        if run == 0.0 and error is not None:
             return
         try:
             cell = local.cell
         except AttributeError:
             cell = new_cell()
-        queue = info[2]
         cell[where(bounds, queue)] += 1
         cell[width + where(bounds, run)] += 1
-        cell[-2] += queue
-        cell[-1] += run
+        cell[queue_sum] += queue
+        cell[run_sum] += run
 
     return on_done
 
