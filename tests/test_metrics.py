@@ -344,7 +344,7 @@ def test_a_raising_user_hook_goes_to_recover_and_metrics_still_count(
     check_histogram(samples, "fastdispatch_queue_latency_seconds", "replies", 22)
 
 
-def test_compose_refuses_what_is_not_hooks(metrics):
+def test_bad_arguments_raise_naming_the_argument(metrics):
     with pytest.raises(TypeError, match="compose"):
         metrics.hooks("replies", compose={"on_done": print})
     with pytest.raises(TypeError, match="name"):
@@ -355,6 +355,10 @@ def test_compose_refuses_what_is_not_hooks(metrics):
         metrics.track(object(), "replies")
     with pytest.raises(ValueError, match="buckets"):
         PrometheusMetrics(None, buckets=(1.0, 0.5))
+    registry = CollectorRegistry()
+    PrometheusMetrics(registry)
+    with pytest.raises(ValueError, match="fastdispatch_"):   # same names twice in one registry
+        PrometheusMetrics(registry)
     with pytest.raises(ValueError, match="port"):
         serve(-1)
     with pytest.raises(TypeError, match="registry"):

@@ -640,6 +640,10 @@ class TracedDispatcher:
         self._dispatcher.post(chat_id, self._wrap(task))
 
     def __getattr__(self, attr):
+        # Only called for what this class lacks; never for _dispatcher once
+        # set (a half-built object, e.g. during copy, must not recurse).
+        if attr == "_dispatcher":
+            raise AttributeError(attr)
         return getattr(self._dispatcher, attr)
 
     def __enter__(self):
