@@ -207,10 +207,9 @@ def test_paced_starts_and_parked_chats_are_exposed(make_dispatcher, metrics):
     metrics.track(d, "paced")
     futures = [d.submit("chat", lambda sc: "sent") for _ in range(3)]
     assert futures[0].result(timeout=5) == "sent"
-    # The second start must wait ~0.5 s: the chat is parked meanwhile.
-    deadline = time.monotonic() + 0.4
+    # The second and third starts each wait ~0.5 s: the chat is parked meanwhile.
     parked_seen = False
-    while time.monotonic() < deadline and not parked_seen:
+    while not futures[-1].done() and not parked_seen:
         samples = metrics.scrape()
         parked_seen = value(samples, "fastdispatch_parked_chats", dispatcher="paced") == 1
     assert parked_seen
@@ -431,24 +430,27 @@ def test_scrapes_during_a_run_never_go_backwards(make_dispatcher, metrics):
     d = make_dispatcher(max_inflight=4, hooks=metrics.hooks("busy"))
     metrics.track(d, "busy")
     stop = threading.Event()
+    scraping = threading.Event()
     scrapes = []
 
     def scraper():
         while not stop.is_set():
             scrapes.append(metrics.scrape())
+            scraping.set()
 
     thread = threading.Thread(target=scraper)
     thread.start()
     try:
+        assert scraping.wait(10)
         for round_ in range(20):
             for chat in range(50):
-                d.post(chat, lambda sc: None)
+                d.post(chat, lambda sc: time.sleep(0.001))
         assert d.drain(timeout=20)
     finally:
         stop.set()
         thread.join(10)
     scrapes.append(metrics.scrape())
-    assert len(scrapes) >= 2
+    assert len(scrapes) >= 3
     monotonic_names = ("fastdispatch_tasks_total", "fastdispatch_queue_latency_seconds_bucket",
                        "fastdispatch_run_latency_seconds_count")
     for before, after in zip(scrapes, scrapes[1:]):
