@@ -35,6 +35,8 @@ def _copy_checkout(dest):
 def test_compiler_failure_never_ships_an_old_compiled_core(tmp_path):
     if not os.path.exists(os.path.join(ROOT, "setup.py")):
         pytest.skip("needs the source checkout (setup.py)")
+    if sys.platform == "win32":
+        pytest.skip("CC=false does not stop MSVC")
     src = tmp_path / "checkout"
     src.mkdir()
     _copy_checkout(src)

@@ -101,3 +101,29 @@ def test_metadata_names_the_project_pages():
     urls = dict(entry.split(", ", 1) for entry in metadata("fastdispatch").get_all("Project-URL"))
     for label in ("Homepage", "Documentation", "Source", "Issues"):
         assert urls[label].startswith("https://github.com/fastdispatch/fastdispatch"), label
+
+
+def test_supported_pythons_agree_across_classifiers_wheels_and_ci():
+    # The classifiers, the wheels cibuildwheel builds and the versions the
+    # test workflow runs on name the same CPythons (3.9 through 3.15, and
+    # the free-threaded 3.14t/3.15t built as wheels).
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pyproject = os.path.join(root, "pyproject.toml")
+    workflow = os.path.join(root, ".github", "workflows", "tests.yml")
+    if not (os.path.exists(pyproject) and os.path.exists(workflow)):
+        pytest.skip("needs the source checkout")
+    with open(pyproject) as f:
+        text = f.read()
+    classifiers = set(re.findall(r'"Programming Language :: Python :: (3\.\d+)"', text))
+    build = re.search(r"\[tool\.cibuildwheel\]\s*\nbuild = \[([^\]]*)\]", text).group(1)
+    wheels = set(re.findall(r'"cp3(\d+)(t?)-\*"', build))
+    with open(workflow) as f:
+        matrix = re.search(r'python: \[([^\]]*)\]', f.read()).group(1)
+    tested = set(re.findall(r'"(3\.\d+t?)"', matrix))
+    expected = {"3.%d" % minor for minor in range(9, 16)}
+    assert classifiers == expected
+    assert {"3." + minor for minor, t in wheels if not t} == expected
+    assert {"3." + minor + "t" for minor, t in wheels if t} == {"3.14t", "3.15t"}
+    assert tested >= expected | {"3.14t", "3.15t"}
+    assert 'requires-python = ">=3.9"' in text

@@ -33,7 +33,7 @@ from .scenarios import CHATS, IO_CHATS, IO_INFLIGHT, IO_SENDS, TASKS, EndToEnd, 
 __all__ = ["TITLE", "ESTIMATE", "run", "measure", "MetricsEndToEnd", "GROUPS", "TARGETS"]
 
 TITLE = "Metrics overhead (end to end, per task; metrics on / off within this run)"
-ESTIMATE = (40, 20)
+ESTIMATE = ((30, 60), (15, 35))
 
 try:
     from opentelemetry.sdk.trace import TracerProvider
