@@ -460,6 +460,21 @@ def test_scrapes_during_a_run_never_go_backwards(make_dispatcher, metrics):
     check_histogram(scrapes[-1], "fastdispatch_run_latency_seconds", "busy", 1000)
 
 
+def test_a_collector_serves_itself_and_a_traced_dispatcher_can_be_tracked(make_dispatcher):
+    from fastdispatch.metrics import TracedDispatcher
+
+    m = PrometheusMetrics(None)      # in no registry: served on its own
+    d = TracedDispatcher(make_dispatcher(hooks=m.hooks("traced")))
+    m.track(d, "traced")
+    d.submit("a", lambda sc: "sent").result(timeout=5)
+    assert d.drain(timeout=5)
+    with m.serve(0) as server:
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            text = response.read().decode("utf-8")
+    assert 'fastdispatch_tasks_total{dispatcher="traced",outcome="completed"} 1.0' in text
+    assert 'fastdispatch_run_latency_seconds_count{dispatcher="traced"} 1.0' in text
+
+
 def test_serve_answers_until_stopped(metrics):
     registry = CollectorRegistry()
     PrometheusMetrics(registry).hooks("x")
