@@ -13,7 +13,8 @@
 # The build (15-60 s on two cores: the C extension is compiled) runs
 # only when something it depends on changed: a stamp file in the venv keeps a
 # hash of src/, setup.py, pyproject.toml, MANIFEST.in and README.md, and the
-# extras installed.  demo needs no extras; test and bench install [test].
+# extras installed.  demo needs no extras; test and bench install
+# [test,prometheus,otel] (the metrics and tracing tests use the real libraries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +22,7 @@ cmd="${1:-}"
 shift || true
 case "$cmd" in
   demo) extras="" ;;
-  test|bench) extras="test" ;;
+  test|bench) extras="test,prometheus,otel" ;;
   *) echo "usage: bash tools/dev.sh demo|test|bench [args...]" >&2; exit 2 ;;
 esac
 

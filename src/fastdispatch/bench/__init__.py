@@ -46,6 +46,7 @@ __all__ = ["SECTIONS", "main"]
 SECTIONS = [
     "dispatcher",     # the per-chat dispatcher against its baselines: the targets
     "pacing",         # rate limits and 429s: paced rate, parked chats, scopes
+    "metrics",        # fastdispatch.metrics: cost per task with metrics on vs off
 ]
 
 
