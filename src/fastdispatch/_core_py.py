@@ -152,6 +152,8 @@ class SendContext:
         remaining = self.remaining()
         if remaining is not None and (timeout is None or remaining < timeout):
             timeout = remaining
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = None  # longer than a lock can wait: until cancelled
         with _event_lock:
             if self._cancel:
                 return True

@@ -49,6 +49,11 @@ def _check_seconds(name, value, allow_none, allow_zero=False):
         if allow_none:
             return None
         raise ValueError("%s must be finite, got %r" % (name, value))
+    if value > threading.TIMEOUT_MAX:
+        # A lock or condition wait longer than this raises OverflowError:
+        # refuse it here rather than in a worker or the deadline thread.
+        raise ValueError("%s must be at most threading.TIMEOUT_MAX (%g) seconds, got %r"
+                         % (name, threading.TIMEOUT_MAX, value))
     return value
 
 

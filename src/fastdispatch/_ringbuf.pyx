@@ -54,6 +54,7 @@ logger = logging.getLogger("fastdispatch")
 
 cdef object _allocate_lock = threading.Lock
 cdef object _Event = threading.Event
+cdef object _TIMEOUT_MAX = threading.TIMEOUT_MAX
 
 cdef enum:
     # SendContext._cancel
@@ -383,6 +384,8 @@ cdef class SendContext:
         remaining = self.remaining()
         if remaining is not None and (timeout is None or remaining < timeout):
             timeout = remaining
+        if timeout is not None and timeout > _TIMEOUT_MAX:
+            timeout = None  # longer than a lock can wait: until cancelled
         with _event_lock:
             if FD_LOAD(&self._cancel):
                 return True
