@@ -136,3 +136,112 @@ def test_send_context_wait_accepts_any_timeout(make_dispatcher):
     d.force_close()
     with pytest.raises(Cancelled):
         fut.result(5)
+
+
+# ------------------------------------------------- 2. a chat id's __hash__/__eq__
+
+class FlakyHash:
+    """Hashes to 42, except that the calls numbered in ``fail_on`` raise."""
+
+    def __init__(self, fail_on):
+        self.calls = 0
+        self.fail_on = fail_on
+
+    def __hash__(self):
+        self.calls += 1
+        if self.calls in self.fail_on:
+            raise RuntimeError("__hash__ call %d" % self.calls)
+        return 42
+
+    def __eq__(self, other):
+        return self is other
+
+
+@pytest.mark.parametrize("fail_on", [2, 3, 4, 5, 6])
+def test_a_chat_id_whose_hash_raises_later_strands_nothing(make_dispatcher, fail_on):
+    d = make_dispatcher(max_inflight=2)
+    chat = FlakyHash({fail_on})
+    try:
+        fut = d.submit(chat, lambda sc: "ran")
+    except RuntimeError:
+        fut = None
+    # A second task of the same chat, and one of another chat.
+    try:
+        fut2 = d.submit(chat, lambda sc: "ran too")
+    except RuntimeError:
+        fut2 = None
+    other = d.submit("other", lambda sc: "other")
+    assert other.result(5) == "other"
+    for f, expected in ((fut, "ran"), (fut2, "ran too")):
+        if f is not None:
+            assert f.result(5) == expected
+    assert d.drain(5)
+    assert d.active_chats == 0
+    assert _accounted(d)
+    accepted = sum(f is not None for f in (fut, fut2)) + 1
+    assert d.stats().submitted == accepted
+
+
+def test_a_chat_id_whose_hash_changes_at_every_call_is_served(impl):
+    # Before: submit never returned and the chat map grew without bound, so
+    # this runs in a fresh interpreter.
+    out = _run_script(impl, """
+        import itertools, threading
+        from fastdispatch import OutboundDispatcher
+        counter = itertools.count()
+
+        class Shifty:
+            def __hash__(self):
+                return next(counter)
+
+        d = OutboundDispatcher()
+        chat = Shifty()
+        futs = []
+        t = threading.Thread(target=lambda: futs.extend(
+            d.submit(chat, lambda sc, i=i: i) for i in range(20)), daemon=True)
+        t.start()
+        t.join(3)
+        if t.is_alive():
+            print("submit did not return; active_chats=%d" % d.active_chats)
+            import os; os._exit(0)
+        assert [f.result(5) for f in futs] == list(range(20))
+        assert d.shutdown(10)
+        assert d.active_chats == 0
+        s = d.stats()
+        assert s.submitted == s.completed == 20, s
+        print("ok")
+    """, timeout=60)
+    assert out.strip() == "ok"
+
+
+class TouchyEq:
+    """All instances hash alike; comparing two of them raises now and then."""
+
+    def __init__(self, n, flaky):
+        self.n = n
+        self.flaky = flaky
+
+    def __hash__(self):
+        return 7
+
+    def __eq__(self, other):
+        if self.flaky[0] % 3 == 0:
+            self.flaky[0] += 1
+            raise RuntimeError("__eq__")
+        self.flaky[0] += 1
+        return isinstance(other, TouchyEq) and self.n == other.n
+
+
+def test_a_chat_id_whose_eq_raises_strands_nothing(make_dispatcher):
+    d = make_dispatcher(max_inflight=4)
+    flaky = [1]
+    futs = []
+    for i in range(200):
+        try:
+            futs.append(d.submit(TouchyEq(i % 5, flaky), lambda sc, i=i: i))
+        except RuntimeError:
+            pass
+    assert [f.result(5) for f in futs] == [f.result() for f in futs]
+    assert d.drain(5)
+    assert d.active_chats == 0 and _accounted(d)
+    assert d.stats().completed == len(futs)

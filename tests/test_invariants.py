@@ -205,12 +205,17 @@ def test_chat_queue_churn_keeps_fifo_and_exclusivity(
 
 
 class RemovalRaceChat:
-    """A chat id that holds the worker inside its queue-removal critical section.
+    """A chat id that holds a worker inside its queue-removal critical section.
 
-    The first time a worker thread hashes it after ``arm()`` (that is, while
-    the worker removes the chat's empty queue, holding the queue's lock), it
-    signals ``in_removal`` and lingers, so that a submitter can look the
-    queue up and block on its lock at exactly the wrong moment.
+    The chat map hashes a chat id once, at submit, so the worker's removal of
+    an empty queue runs none of that chat's code; but the removal's lookup
+    compares the removed key with any other key of the same hash that comes
+    first in the dict's probe sequence.  This id, present in the map with
+    the same hash as the chat under test, is that other key: the first time a
+    worker compares it after ``arm()`` (while removing the other chat's
+    empty queue, holding that queue's lock), it signals ``in_removal`` and
+    lingers, so that a submitter can look the queue up and block on its lock
+    at exactly the wrong moment.
     """
 
     def __init__(self):
@@ -221,10 +226,18 @@ class RemovalRaceChat:
         self.armed = True
 
     def __hash__(self):
+        return 42
+
+    def __eq__(self, other):
         if self.armed and threading.current_thread().name.startswith("fastdispatch-worker"):
             self.armed = False
             self.in_removal.set()
             time.sleep(0.2)
+        return self is other
+
+
+class SameHashChat:
+    def __hash__(self):
         return 42
 
     def __eq__(self, other):
@@ -238,10 +251,13 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher):
     # the orphaned queue; the chat's next task then gets a second queue and
     # a second worker, and runs while the first one is still running.
     d = make_dispatcher(max_inflight=4)
-    chat = RemovalRaceChat()
-    chat.arm()
+    collider = RemovalRaceChat()
+    holding = threading.Event()
+    d.submit(collider, lambda sc: holding.wait(10))   # keeps its key in the map
+    chat = SameHashChat()
+    collider.arm()
     d.submit(chat, lambda sc: None)
-    assert chat.in_removal.wait(10)
+    assert collider.in_removal.wait(10)
     running = threading.Event()
     gate = threading.Event()
     second_started = threading.Event()
@@ -261,5 +277,6 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher):
     gate.set()
     second.result(10)
     assert not overlapped, "two tasks of the same chat ran at the same time"
+    holding.set()
     assert d.drain(timeout=10)
     assert d.active_chats == 0

@@ -87,11 +87,12 @@ class RingBuffer:
 class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
 
-    __slots__ = ("chat_id", "lock", "running")
+    __slots__ = ("chat_id", "lock", "running", "_key")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
+        self._key = chat_id  # the chat map's key (see _chat_key)
         self.lock = _allocate_lock()
         # True from the moment the chat is scheduled until its worker removes
         # the queue from the chat map; at most one worker owns it meanwhile.
@@ -198,6 +199,48 @@ def _new_item(chat_id, fn, future, t_queued):
     return item
 
 
+class _ChatKey:
+    """A chat id as the chat map's key: its hash taken once, its ``==`` safe.
+
+    A chat id is user code: its ``__hash__`` runs again at every dict
+    operation (a lookup, an insert, the worker's removal) and may raise or
+    change between calls, and its ``__eq__`` may raise.  The map therefore
+    keys anything but a plain ``int`` or ``str`` by this wrapper: one hash
+    per submit (an error there is the caller's, raised before anything is
+    counted), and an ``__eq__`` that raises makes two ids unequal.
+    """
+
+    __slots__ = ("chat_id", "_hash")
+
+    def __init__(self, chat_id, hash_value):
+        self.chat_id = chat_id
+        self._hash = hash_value
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        other_id = other.chat_id if type(other) is _ChatKey else other
+        if self.chat_id is other_id:
+            return True
+        try:
+            return bool(self.chat_id == other_id)
+        except BaseException:
+            return False
+
+
+def _chat_key(chat_id):
+    """The chat map's key for ``chat_id`` (itself for a plain int or str)."""
+    if type(chat_id) is int or type(chat_id) is str:
+        return chat_id
+    try:
+        hash_value = hash(chat_id)
+    except TypeError:
+        raise TypeError("chat_id must be hashable, got %r"
+                        % (type(chat_id).__name__,)) from None
+    return _ChatKey(chat_id, hash_value)
+
+
 def _settle(future, exc):
     """Resolve a not-started task's Future with ``exc``.
 
@@ -290,11 +333,8 @@ class DispatcherCore:
         if chat_id is None:
             raise TypeError("chat_id must not be None")
         queues = self._queues
-        try:
-            q = queues.get(chat_id)
-        except TypeError:
-            raise TypeError("chat_id must be hashable, got %r"
-                            % (type(chat_id).__name__,)) from None
+        key = _chat_key(chat_id)
+        q = queues.get(key)
         item = _new_item(chat_id, task, future,
                          monotonic() if self._on_done is not None else 0.0)
         # Count the task as pending *before* looking at ``closed``: then a
@@ -309,13 +349,14 @@ class DispatcherCore:
                 # Allocate only on a miss; setdefault keeps whichever queue
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
+                fresh._key = key
                 with self._map_lock:
-                    q = queues.setdefault(chat_id, fresh)
+                    q = queues.setdefault(key, fresh)
             with q.lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
-                if queues.get(chat_id) is not q:
+                if queues.get(key) is not q:
                     q = None
                     continue
                 items = q._items
@@ -395,7 +436,7 @@ class DispatcherCore:
 
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
-        q = self._queues.get(chat_id)
+        q = self._queues.get(_chat_key(chat_id))
         if q is None:
             return 0
         with q.lock:
@@ -511,8 +552,8 @@ class DispatcherCore:
         # keep its peak size for good; when the last chat leaves, reset it
         # (under _map_lock, so that no insert can slip in between).
         queues = self._queues
-        if queues.get(q.chat_id) is q:
-            del queues[q.chat_id]
+        if queues.get(q._key) is q:
+            del queues[q._key]
         if not queues:
             with self._map_lock:
                 if not queues:

@@ -311,10 +311,12 @@ cdef class ChatQueue(RingBuffer):
     # the queue from the chat map; at most one worker owns it meanwhile.
     cdef bint _running
     cdef ChatQueue _next_ready  # ready list link; guarded by the pool lock
+    cdef object _key            # the chat map's key (see _chat_key)
 
     def __init__(self, chat_id, Py_ssize_t capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
+        self._key = chat_id
 
 
 @cython.final
@@ -413,6 +415,55 @@ cdef class SendContext:
             event = self._event
         if event is not None:
             event.set()
+
+
+@cython.final
+cdef class _ChatKey:
+    """A chat id as the chat map's key: its hash taken once, its ``==`` safe.
+
+    A chat id is user code: its ``__hash__`` runs again at every dict
+    operation (a lookup, an insert, the worker's removal) and may raise or
+    change between calls, and its ``__eq__`` may raise.  The map therefore
+    keys anything but a plain ``int`` or ``str`` by this wrapper: one hash
+    per submit (an error there is the caller's, raised before anything is
+    counted), and an ``__eq__`` that raises makes two ids unequal.
+    """
+
+    cdef readonly object chat_id
+    cdef Py_hash_t _hash
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        other_id = (<_ChatKey>other).chat_id if type(other) is _ChatKey else other
+        if self.chat_id is other_id:
+            return True
+        try:
+            return bool(self.chat_id == other_id)
+        except BaseException:
+            return False
+
+
+cdef inline object _chat_key(object chat_id):
+    """The chat map's key for ``chat_id`` (itself for a plain int or str)."""
+    if type(chat_id) is int or type(chat_id) is str:
+        return chat_id
+    return _wrap_chat_id(chat_id)
+
+
+cdef object _wrap_chat_id(object chat_id):
+    cdef _ChatKey key
+    cdef Py_hash_t hash_value
+    try:
+        hash_value = hash(chat_id)
+    except TypeError:
+        raise TypeError("chat_id must be hashable, got %r"
+                        % (type(chat_id).__name__,)) from None
+    key = _ChatKey.__new__(_ChatKey)
+    key.chat_id = chat_id
+    key._hash = hash_value
+    return key
 
 
 cdef inline SendContext _new_item(object chat_id, object fn, object future, double t_queued):
@@ -531,17 +582,15 @@ cdef class DispatcherCore:
 
     cdef int _enqueue(self, object chat_id, object task, object future) except -1:
         cdef ChatQueue q
+        cdef ChatQueue fresh
         cdef SendContext item
         cdef Py_ssize_t queue_len
         cdef bint start = False
         cdef dict queues = self._queues
         if chat_id is None:
             raise TypeError("chat_id must not be None")
-        try:
-            q = queues.get(chat_id)
-        except TypeError:
-            raise TypeError("chat_id must be hashable, got %r"
-                            % (type(chat_id).__name__,)) from None
+        key = _chat_key(chat_id)
+        q = queues.get(key)
         item = _new_item(chat_id, task, future,
                          monotonic() if self._on_done is not None else 0.0)
         # Count the task as pending *before* looking at ``closed``: then a
@@ -555,13 +604,14 @@ cdef class DispatcherCore:
                 # Allocate only on a miss; setdefault keeps whichever queue
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
+                fresh._key = key
                 with self._map_lock:
-                    q = queues.setdefault(chat_id, fresh)
+                    q = queues.setdefault(key, fresh)
             with q._lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
-                if queues.get(chat_id) is q:
+                if queues.get(key) is q:
                     if q._push(item):
                         queue_len = q._count
                         start = not q._running
@@ -664,7 +714,7 @@ cdef class DispatcherCore:
 
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
-        cdef ChatQueue q = self._queues.get(chat_id)
+        cdef ChatQueue q = self._queues.get(_chat_key(chat_id))
         if q is None:
             return 0
         with q._lock:
@@ -798,8 +848,8 @@ cdef class DispatcherCore:
         # keep its peak size for good; when the last chat leaves, reset it
         # (under _map_lock, so that no insert can slip in between).
         cdef dict queues = self._queues
-        if queues.get(q.chat_id) is q:
-            del queues[q.chat_id]
+        if queues.get(q._key) is q:
+            del queues[q._key]
         if not queues:
             with self._map_lock:
                 if not queues:
