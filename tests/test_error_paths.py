@@ -245,3 +245,76 @@ def test_a_chat_id_whose_eq_raises_strands_nothing(make_dispatcher):
     assert d.drain(5)
     assert d.active_chats == 0 and _accounted(d)
     assert d.stats().completed == len(futs)
+
+
+# ---------------------------------------------------- 3. a chat id's __repr__
+
+class BadRepr:
+    def __repr__(self):
+        raise RuntimeError("__repr__ of a chat id")
+
+
+def test_queue_full_is_raised_even_if_the_chat_id_repr_raises(make_dispatcher):
+    d = make_dispatcher(queue_size=1)
+    chat = BadRepr()
+    gate, first = _blocker(d, chat)
+    second = d.submit(chat, lambda sc: "second")
+    with pytest.raises(QueueFull) as info:
+        d.submit(chat, lambda sc: "rejected")
+    assert "BadRepr" in str(info.value)
+    gate.set()
+    assert first.result(5) is True and second.result(5) == "second"
+    assert d.drain(5)
+    s = d.stats()
+    assert s.rejected == 1 and s.submitted == 2 and _accounted(d)
+
+
+def test_deadlines_go_on_when_a_timed_out_chat_id_repr_raises(make_dispatcher):
+    d = make_dispatcher(send_timeout=0.2)
+    slow = d.submit(BadRepr(), lambda sc: time.sleep(0.5))
+    with pytest.raises(SendTimeout):
+        slow.result(5)
+    later = d.submit("later", lambda sc: time.sleep(0.5))
+    with pytest.raises(SendTimeout):
+        later.result(5)
+    assert d.drain(5) and _accounted(d)
+    assert d.stats().timed_out == 2
+
+
+def test_a_panic_in_a_chat_whose_repr_raises_discards_and_goes_on(make_dispatcher, caplog):
+    d = make_dispatcher(max_inflight=1)
+    chat = BadRepr()
+    gate, first = _blocker(d, chat)
+    panics = d.submit(chat, lambda sc: (_ for _ in ()).throw(Panic("boom")))
+    waiting = d.submit(chat, lambda sc: "never")
+    with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
+        gate.set()
+        with pytest.raises(TaskDiscarded):
+            panics.result(5)
+        with pytest.raises(TaskDiscarded):
+            waiting.result(5)
+    assert d.submit("next", lambda sc: "next").result(5) == "next"
+    assert d.drain(5) and d.active_chats == 0 and _accounted(d)
+
+
+class ReprlessPanic(BaseException):
+    def __repr__(self):
+        raise RuntimeError("__repr__ of an exception")
+
+    def __str__(self):
+        raise RuntimeError("__str__ of an exception")
+
+
+def test_a_panic_whose_repr_raises_still_resolves_its_future(make_dispatcher, caplog):
+    d = make_dispatcher(max_inflight=1)
+
+    def task(sc):
+        raise ReprlessPanic()
+
+    with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
+        fut = d.submit("c", task)
+        with pytest.raises(TaskDiscarded) as info:
+            fut.result(5)
+    assert isinstance(info.value.__cause__, ReprlessPanic)
+    assert d.submit("c", lambda sc: "next").result(5) == "next"
+    assert d.drain(5) and _accounted(d)

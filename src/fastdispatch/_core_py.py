@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from time import monotonic
 
 from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
+from ._errors import _safe_repr
 from ._types import DispatchInfo
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
@@ -172,8 +173,8 @@ class SendContext:
             raise SendTimeout("the send deadline passed")
 
     def __repr__(self):
-        return "<SendContext chat_id=%r deadline=%r cancelled=%r>" % (
-            self.chat_id, self._deadline, self.cancelled)
+        return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
+            _safe_repr(self.chat_id), self._deadline, self.cancelled)
 
     def _cancel_with(self, reason):
         # Called once, by whoever claimed the task out of the running registry.
@@ -370,7 +371,7 @@ class DispatcherCore:
             break
         if queue_len < 0:
             self._reject(chat_id, QueueFull(
-                "chat %r already has %d waiting tasks" % (chat_id, q.capacity)))
+                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
         if start:
             self._schedule(q)
         if self._on_queued is not None:
@@ -591,7 +592,7 @@ class DispatcherCore:
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
             if panic is not None:
-                discarded = TaskDiscarded("the task panicked: %r" % (panic,))
+                discarded = TaskDiscarded("the task panicked: %s" % (_safe_repr(panic),))
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, "failed")
             elif error is not None:
@@ -660,12 +661,13 @@ class DispatcherCore:
             waiting = q.clear()
             q.running = False
             self._remove_locked(q)
+        chat = _safe_repr(q.chat_id)
         for item in waiting:
-            error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
+            error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
             error.__cause__ = exc
             self._finish(item, error, "discarded")
-        logger.error("task of chat %r panicked; %d waiting task(s) discarded",
-                     q.chat_id, len(waiting), exc_info=exc)
+        logger.error("task of chat %s panicked; %d waiting task(s) discarded",
+                     chat, len(waiting), exc_info=exc)
         self._call_recover(exc)
 
     def _hook_failed(self, name, exc):
@@ -757,8 +759,8 @@ class DispatcherCore:
         # its Future now and drop whatever it returns later.
         item._cancel_with(reason)
         if reason == _BY_TIMEOUT:
-            error = SendTimeout("chat %r: the task ran past its %ss send_timeout"
-                                % (item.chat_id, self._send_timeout))
+            error = SendTimeout("chat %s: the task ran past its %ss send_timeout"
+                                % (_safe_repr(item.chat_id), self._send_timeout))
             outcome = "timed_out"
         else:
             error = Cancelled("the dispatcher was force-closed")

@@ -78,3 +78,20 @@ class RetryAfter(DispatcherError):
 
     def __str__(self):
         return "retry after %gs (%s)" % (self.seconds, self.scope)
+
+
+def _safe_repr(obj):
+    """``repr(obj)`` for an error message; never raises.
+
+    A chat id or a task's exception is user code, and its ``__repr__`` runs
+    in a worker, the deadline thread or the middle of ``submit``: if it
+    raises, the message names the type instead.
+    """
+    try:
+        return repr(obj)
+    except BaseException:
+        try:
+            name = type(obj).__name__
+        except BaseException:
+            name = "object"
+        return "<%s object (repr() failed)>" % (name,)

@@ -29,6 +29,7 @@ from concurrent.futures import Future, _base as _futures_base
 from time import monotonic
 
 from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
+from ._errors import _safe_repr
 from ._types import DispatchInfo
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
@@ -405,8 +406,8 @@ cdef class SendContext:
             raise SendTimeout("the send deadline passed")
 
     def __repr__(self):
-        return "<SendContext chat_id=%r deadline=%r cancelled=%r>" % (
-            self.chat_id, self.deadline, self.cancelled)
+        return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
+            _safe_repr(self.chat_id), self.deadline, self.cancelled)
 
     cdef void _cancel_with(self, long long reason):
         # Called once, by whoever claimed the task out of the running registry.
@@ -625,7 +626,7 @@ cdef class DispatcherCore:
             q = None  # (only now: q's lock must outlive the with-block)
         if queue_len < 0:
             self._reject(chat_id, QueueFull(
-                "chat %r already has %d waiting tasks" % (chat_id, q.capacity)))
+                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
         if start:
             self._schedule(q)
         if self._on_queued is not None:
@@ -888,7 +889,7 @@ cdef class DispatcherCore:
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
             if panic is not None:
-                discarded = TaskDiscarded("the task panicked: %r" % (panic,))
+                discarded = TaskDiscarded("the task panicked: %s" % (_safe_repr(panic),))
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, C_FAILED)
             elif error is not None:
@@ -944,12 +945,13 @@ cdef class DispatcherCore:
             waiting = q._clear()
             q._running = False
             self._remove_locked(q)
+        chat = _safe_repr(q.chat_id)
         for item in waiting:
-            error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
+            error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
             error.__cause__ = exc
             self._finish(<SendContext>item, error, C_DISCARDED)
-        logger.error("task of chat %r panicked; %d waiting task(s) discarded",
-                     q.chat_id, len(waiting), exc_info=exc)
+        logger.error("task of chat %s panicked; %d waiting task(s) discarded",
+                     chat, len(waiting), exc_info=exc)
         self._call_recover(exc)
         return 0
 
@@ -1074,8 +1076,8 @@ cdef class DispatcherCore:
         cdef int outcome
         item._cancel_with(reason)
         if reason == _BY_TIMEOUT:
-            error = SendTimeout("chat %r: the task ran past its %ss send_timeout"
-                                % (item.chat_id, self._send_timeout))
+            error = SendTimeout("chat %s: the task ran past its %ss send_timeout"
+                                % (_safe_repr(item.chat_id), self._send_timeout))
             outcome = C_TIMED_OUT
         else:
             error = Cancelled("the dispatcher was force-closed")
