@@ -318,3 +318,66 @@ def test_a_panic_whose_repr_raises_still_resolves_its_future(make_dispatcher, ca
     assert isinstance(info.value.__cause__, ReprlessPanic)
     assert d.submit("c", lambda sc: "next").result(5) == "next"
     assert d.drain(5) and _accounted(d)
+
+
+# ------------------------------------- 4. done-callbacks raising BaseException
+
+def _raise(exc):
+    def callback(fut):
+        raise exc
+    return callback
+
+
+def test_a_done_callback_raising_system_exit_kills_no_worker(make_dispatcher, caplog):
+    d = make_dispatcher(max_inflight=1)
+    gate, first = _blocker(d, "a")
+    seen = []
+    first.add_done_callback(_raise(SystemExit(1)))
+    first.add_done_callback(seen.append)          # still runs after the raiser
+    second = d.submit("a", lambda sc: "second")
+    other = d.submit("b", lambda sc: "other")
+    with caplog.at_level(logging.CRITICAL):
+        gate.set()
+        assert first.result(5) is True
+        assert second.result(5) == "second" and other.result(5) == "other"
+    assert seen == [first]
+    assert d.drain(5) and _accounted(d)
+    assert d.stats().completed == 3
+
+
+def test_a_done_callback_raising_keyboard_interrupt_on_timeout_keeps_the_deadlines(
+        make_dispatcher, caplog):
+    d = make_dispatcher(send_timeout=0.2)
+    with caplog.at_level(logging.CRITICAL):
+        slow = d.submit("a", lambda sc: time.sleep(0.4))
+        slow.add_done_callback(_raise(KeyboardInterrupt()))
+        with pytest.raises(SendTimeout):
+            slow.result(5)
+        later = d.submit("b", lambda sc: time.sleep(0.4))
+        with pytest.raises(SendTimeout):
+            later.result(5)
+        assert d.drain(5)
+    assert d.stats().timed_out == 2 and _accounted(d)
+
+
+def test_force_close_resolves_every_future_despite_raising_done_callbacks(
+        make_dispatcher, caplog):
+    d = make_dispatcher(max_inflight=4)
+    running = [_blocker(d, chat, cooperative=True)[1] for chat in "abc"]
+    waiting = [d.submit(chat, lambda sc: None) for chat in "abc"]
+    for fut in running + waiting:
+        fut.add_done_callback(_raise(SystemExit(2)))
+    escaped = None
+    with caplog.at_level(logging.CRITICAL):
+        try:
+            d.force_close()
+        except BaseException as exc:    # noqa: B902 -- that is the bug
+            escaped = exc
+        assert escaped is None
+        for fut in running:
+            with pytest.raises(Cancelled):
+                fut.result(5)
+        for fut in waiting:
+            assert fut.cancelled()
+        assert d.drain(5)
+    assert _accounted(d)

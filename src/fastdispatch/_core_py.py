@@ -27,12 +27,11 @@ order to get wrong.
 import logging
 import threading
 from collections import OrderedDict, deque
-from concurrent.futures import Future
 from time import monotonic
 
 from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
 from ._errors import _safe_repr
-from ._types import DispatchInfo
+from ._types import DispatchInfo, Future
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
 

@@ -25,12 +25,12 @@ from cpython.object cimport PyObject
 import logging
 import threading
 from collections import deque
-from concurrent.futures import Future, _base as _futures_base
+from concurrent.futures import _base as _futures_base
 from time import monotonic
 
 from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
 from ._errors import _safe_repr
-from ._types import DispatchInfo
+from ._types import DispatchInfo, Future
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
 
