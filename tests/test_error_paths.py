@@ -381,3 +381,52 @@ def test_force_close_resolves_every_future_despite_raising_done_callbacks(
             assert fut.cancelled()
         assert d.drain(5)
     assert _accounted(d)
+
+
+# ---------------------------------------------------- 5. Thread.start failing
+
+@pytest.fixture
+def refuse_threads(monkeypatch):
+    """``refuse_threads(prefix, n)``: the next ``n`` starts of such threads fail."""
+    real_start = threading.Thread.start
+    budget = {}
+
+    def start(self):
+        for prefix in list(budget):
+            if self.name.startswith(prefix) and budget[prefix] > 0:
+                budget[prefix] -= 1
+                raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    def refuse(prefix, n=1):
+        budget[prefix] = n
+    return refuse
+
+
+def test_a_worker_that_cannot_start_is_forgotten_and_shutdown_still_joins(
+        make_dispatcher, refuse_threads, caplog):
+    d = make_dispatcher()
+    refuse_threads("fastdispatch-worker", 1)
+    with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
+        first = d.submit("a", lambda sc: "a")
+    assert d.stats().threads == 0
+    # The next submit starts a worker, which serves both chats.
+    assert d.submit("b", lambda sc: "b").result(5) == "b"
+    assert first.result(5) == "a"
+    assert d.shutdown(5) is True
+
+
+def test_a_deadline_thread_that_cannot_start_kills_no_worker(
+        make_dispatcher, refuse_threads, caplog):
+    d = make_dispatcher(send_timeout=0.3, max_inflight=1)
+    refuse_threads("fastdispatch-deadlines", 1)
+    with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
+        assert d.submit("a", lambda sc: "a").result(5) == "a"
+    # The next task with a deadline starts the thread, and deadlines hold.
+    slow = d.submit("b", lambda sc: time.sleep(0.6))
+    with pytest.raises(SendTimeout):
+        slow.result(5)
+    assert d.drain(5) and _accounted(d)
+    assert d.shutdown(5) is True

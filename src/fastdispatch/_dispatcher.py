@@ -15,6 +15,7 @@ it started, the deadline thread included.
 """
 
 import itertools
+import logging
 import math
 import numbers
 import threading
@@ -24,6 +25,8 @@ from ._types import DispatcherHooks, DispatcherStats
 from .pacing import Pacing, RetryPolicy
 
 __all__ = ["build_dispatcher_class"]
+
+logger = logging.getLogger("fastdispatch")
 
 _HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected", "on_retry")
 
@@ -112,7 +115,13 @@ class _Lifecycle:
             daemon=True,
         )
         self._workers.add(thread)
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            # Never started: shutdown() must not try to join it.  The core
+            # logs the error and gives the thread slot back.
+            self._workers.discard(thread)
+            raise
 
     def _worker_thread(self):
         try:
@@ -123,8 +132,16 @@ class _Lifecycle:
     def _start_timer(self):
         thread = threading.Thread(target=self._timer_main,
                                   name="fastdispatch-deadlines", daemon=True)
-        self._timer_thread = thread
-        thread.start()
+        previous, self._timer_thread = self._timer_thread, thread
+        try:
+            thread.start()
+        except BaseException:
+            # Called by a worker about to run a task: the task must run all
+            # the same.  Its deadline waits for the next task with a deadline,
+            # which tries to start the thread again.
+            self._timer_thread = previous
+            self._timer_start_failed()
+            logger.exception("could not start the deadline thread")
 
     def _notify_drained(self):
         with self._drained:

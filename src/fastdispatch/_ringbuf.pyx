@@ -1065,6 +1065,11 @@ cdef class DispatcherCore:
                 # Woken just after the timeout: consume that release.
                 self._timer_wake.acquire()
 
+    def _timer_start_failed(self):
+        # The deadline thread could not start: let the next task retry.
+        with self._run_lock:
+            self._timer_started = False
+
     def _stop_timer(self):
         with self._run_lock:
             self._timer_stop = True
