@@ -430,3 +430,22 @@ def test_a_deadline_thread_that_cannot_start_kills_no_worker(
         slow.result(5)
     assert d.drain(5) and _accounted(d)
     assert d.shutdown(5) is True
+
+
+# ------------------------------- 6. nothing runs after force_close() returned
+
+def test_no_task_starts_after_force_close_returned(make_dispatcher):
+    ran = []
+    slow_hook = DispatcherHooks(on_done=lambda info: time.sleep(0.2))
+    d = make_dispatcher(max_inflight=8, hooks=slow_hook)
+    firsts = [_blocker(d, chat, cooperative=True)[1] for chat in range(8)]
+    seconds = [d.submit(chat, lambda sc, chat=chat: ran.append(chat)) for chat in range(8)]
+    d.force_close()
+    time.sleep(0.5)
+    assert ran == []
+    for fut in firsts:
+        with pytest.raises(Cancelled):
+            fut.result(5)
+    for fut in seconds:
+        assert fut.done() and (fut.cancelled() or isinstance(fut.exception(), Cancelled))
+    assert d.drain(5) and _accounted(d)

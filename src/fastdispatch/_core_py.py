@@ -283,6 +283,7 @@ class DispatcherCore:
         self._timer_state = _AWAKE
         self._timer_started = False
         self._timer_stop = False
+        self._forced = False
         self._count_lock = _allocate_lock()
         self._pending = 0
         self._drain_waiters = 0
@@ -574,7 +575,8 @@ class DispatcherCore:
             item._t_start = monotonic()
             if self._send_timeout is not None:
                 item._deadline = item._t_start + self._send_timeout
-        self._register(item)
+        if not self._register(item):
+            return self._refused(item)
         with self._count_lock:
             self._inflight += 1
         panic = None
@@ -684,7 +686,10 @@ class DispatcherCore:
     # -------------------------------------------------- running tasks, deadlines
 
     def _register(self, item):
+        # Return False, registering nothing, once force_close() has begun.
         with self._run_lock:
+            if self._forced:
+                return False
             self._running[item] = None
             if item._deadline is not None:
                 if not self._timer_started:
@@ -698,6 +703,23 @@ class DispatcherCore:
                 start_timer = False
         if start_timer:
             self._start_timer()
+        return True
+
+    def _refused(self, item):
+        # A task popped just before force_close() cleared its queue: it must
+        # not start once force_close() has returned.
+        self._resolve(item, None, Cancelled("the dispatcher was force-closed"), "cancelled")
+        item._fn = None
+        with self._count_lock:
+            self._pending -= 1
+        self._maybe_drained()
+        return True
+
+    def _refuse_new_starts(self):
+        # force_close(), before it cancels what runs: from now on _register
+        # refuses, so no task starts after force_close() returned.
+        with self._run_lock:
+            self._forced = True
 
     def _unregister(self, item):
         with self._run_lock:

@@ -200,8 +200,9 @@ class _Lifecycle:
         Running tasks see ``sc.cancelled`` and their Futures fail with
         ``Cancelled``; waiting tasks' Futures are cancelled
         (``fut.cancelled()``).  Threads still blocked in a send end when the
-        send returns.
+        send returns.  No task starts once this has returned.
         """
+        self._refuse_new_starts()
         self._cancel_everything()
 
     def stats(self):

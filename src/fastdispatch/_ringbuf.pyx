@@ -529,6 +529,7 @@ cdef class DispatcherCore:
     cdef int _timer_state
     cdef bint _timer_started
     cdef bint _timer_stop
+    cdef bint _forced                 # force_close() began: no task may start
     # counters (atomic)
     cdef long long _pending
     cdef long long _drain_waiters
@@ -876,7 +877,8 @@ cdef class DispatcherCore:
             if self._has_timeout:
                 item._deadline = item._t_start + self._send_timeout
                 item._has_deadline = True
-        self._register(item)
+        if not self._register(item):
+            return self._refused(item)
         FD_ADD(&self._inflight, 1)
         try:
             result = item._fn(item)
@@ -970,8 +972,11 @@ cdef class DispatcherCore:
     # -------------------------------------------------- running tasks, deadlines
 
     cdef int _register(self, SendContext item) except -1:
+        # Return 0, registering nothing, once force_close() has begun.
         cdef bint start_timer = False
         with self._run_lock:
+            if self._forced:
+                return 0
             item._prev = self._run_tail
             item._next = None
             if self._run_tail is None:
@@ -987,7 +992,22 @@ cdef class DispatcherCore:
                     self._wake_timer_locked()
         if start_timer:
             self._start_timer()
-        return 0
+        return 1
+
+    cdef bint _refused(self, SendContext item) except -1:
+        # A task popped just before force_close() cleared its queue: it must
+        # not start once force_close() has returned.
+        self._resolve(item, None, Cancelled("the dispatcher was force-closed"), C_CANCELLED)
+        item._fn = None
+        FD_ADD(&self._pending, -1)
+        self._maybe_drained()
+        return True
+
+    def _refuse_new_starts(self):
+        # force_close(), before it cancels what runs: from now on _register
+        # refuses, so no task starts after force_close() returned.
+        with self._run_lock:
+            self._forced = True
 
     cdef inline void _unlink_locked(self, SendContext item):
         if item._prev is None:
