@@ -449,3 +449,70 @@ def test_no_task_starts_after_force_close_returned(make_dispatcher):
     for fut in seconds:
         assert fut.done() and (fut.cancelled() or isinstance(fut.exception(), Cancelled))
     assert d.drain(5) and _accounted(d)
+
+
+# ---------------------------------------------- 7. no thread outlives its use
+
+def test_force_close_leaves_no_thread_behind(impl):
+    out = _run_script(impl, """
+        import threading, time
+        from fastdispatch import OutboundDispatcher
+
+        for _ in range(300):
+            d = OutboundDispatcher(send_timeout=5, idle_timeout=60)
+            started = threading.Event()
+            d.submit("c", lambda sc: (started.set(), sc.wait(5)))
+            assert started.wait(5)
+            d.force_close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            left = [t.name for t in threading.enumerate() if t.name.startswith("fastdispatch-")]
+            if not left:
+                break
+            time.sleep(0.05)
+        print(len(left))
+    """)
+    assert out.strip() == "0"
+
+
+def test_a_dropped_dispatcher_is_collected_with_its_threads(impl):
+    out = _run_script(impl, """
+        import gc, threading, time, weakref
+        from fastdispatch import OutboundDispatcher
+
+        refs = []
+        for _ in range(20):
+            d = OutboundDispatcher(send_timeout=5, idle_timeout=0.1)
+            assert d.submit("c", lambda sc: "ok").result(5) == "ok"
+            refs.append(weakref.ref(d))
+            del d
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            gc.collect()
+            left = [t.name for t in threading.enumerate() if t.name.startswith("fastdispatch-")]
+            alive = sum(r() is not None for r in refs)
+            if not left and not alive:
+                break
+            time.sleep(0.05)
+        print(len(left), alive)
+    """)
+    assert out.strip() == "0 0"
+
+
+def test_the_deadline_thread_ends_when_idle_and_comes_back_with_work(make_dispatcher):
+    d = make_dispatcher(send_timeout=0.3, idle_timeout=0.1)
+
+    def deadline_threads():
+        return [t for t in threading.enumerate() if t.name == "fastdispatch-deadlines"
+                and t is d._timer_thread]
+
+    assert d.submit("a", lambda sc: "a").result(5) == "a"
+    assert _wait_until(lambda: not deadline_threads() or not d._timer_thread.is_alive())
+    for _ in range(2):
+        slow = d.submit("b", lambda sc: time.sleep(0.6))
+        with pytest.raises(SendTimeout):
+            slow.result(5)
+        assert d.drain(5)
+        time.sleep(0.3)               # idle: the deadline thread ends
+        assert not d._timer_thread.is_alive()
+    assert d.stats().timed_out == 2 and _accounted(d)

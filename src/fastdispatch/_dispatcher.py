@@ -6,7 +6,9 @@ module adds what runs once per dispatcher or once per thread, identically for
 both cores, by mixing :class:`_Lifecycle` into the core class.
 
 Threads.  Workers are daemon threads, started on demand (never more than
-``max_inflight``) and ended after ``idle_timeout`` idle seconds.  They are
+``max_inflight``) and ended after ``idle_timeout`` idle seconds; so is the
+deadline thread, and none holds the dispatcher once it has ended, so a
+dispatcher dropped without ``shutdown()`` is collected.  They are
 daemons so that a program that forgets ``shutdown()`` still exits: Python
 cannot interrupt a thread, so a non-daemon worker blocked in a send would hold
 the interpreter open.  ``shutdown()`` is the orderly path: it waits for the
@@ -204,6 +206,9 @@ class _Lifecycle:
         """
         self._refuse_new_starts()
         self._cancel_everything()
+        # Nothing can start any more: let the workers end as soon as their
+        # current task returns, and end the deadline thread now.
+        self._stop_workers()
 
     def stats(self):
         """A :class:`DispatcherStats` snapshot of the counters."""

@@ -1044,7 +1044,8 @@ cdef class DispatcherCore:
         The registry is ordered by start time and every task gets the same
         send_timeout, so it is also ordered by deadline: the timer only ever
         looks at its head.  It sleeps until the head's deadline, or until
-        woken when a first task starts after a quiet spell.
+        woken when a first task starts after a quiet spell; after
+        idle_timeout seconds with nothing to watch, it ends.
         """
         cdef list expired
         cdef SendContext item
@@ -1075,12 +1076,22 @@ cdef class DispatcherCore:
                 for item in expired:
                     self._expire(item, _BY_TIMEOUT)
                 continue
-            if self._timer_wake.acquire(True, -1 if delay is None else delay):
+            if self._timer_wake.acquire(True, self._idle_timeout if delay is None else delay):
                 continue
             with self._run_lock:
+                stop = self._timer_state == _IDLE
+                if stop:
+                    # Nothing to watch for idle_timeout seconds: end, as an
+                    # idle worker does (the next task with a deadline starts
+                    # a new thread), so that a dispatcher dropped without
+                    # shutdown() is not kept alive by this thread.
+                    self._timer_state = _AWAKE
+                    self._timer_started = False
                 retry = self._timer_state != _AWAKE
                 if retry:
                     self._timer_state = _AWAKE
+            if stop:
+                return
             if not retry:
                 # Woken just after the timeout: consume that release.
                 self._timer_wake.acquire()
