@@ -516,3 +516,65 @@ def test_the_deadline_thread_ends_when_idle_and_comes_back_with_work(make_dispat
         time.sleep(0.3)               # idle: the deadline thread ends
         assert not d._timer_thread.is_alive()
     assert d.stats().timed_out == 2 and _accounted(d)
+
+
+# --------------------------------------------- 8. hooks raising BaseException
+
+def test_an_on_queued_hook_raising_base_exception_still_returns_the_future(make_dispatcher):
+    def on_queued(chat, n):
+        raise Panic("on_queued")
+
+    recovered = []
+    d = make_dispatcher(hooks=DispatcherHooks(on_queued=on_queued), recover=recovered.append)
+    fut = d.submit("c", lambda sc: "ran")
+    assert fut.result(5) == "ran"
+    d.post("c", lambda sc: None)
+    assert d.drain(5) and _accounted(d)
+    assert len(recovered) == 2 and all(isinstance(e, Panic) for e in recovered)
+
+
+def test_an_on_rejected_hook_raising_base_exception_still_raises_queue_full(make_dispatcher):
+    def on_rejected(chat, exc):
+        raise Panic("on_rejected")
+
+    recovered = []
+    d = make_dispatcher(queue_size=1, hooks=DispatcherHooks(on_rejected=on_rejected),
+                        recover=recovered.append)
+    gate, first = _blocker(d, "c")
+    second = d.submit("c", lambda sc: "second")
+    with pytest.raises(QueueFull):
+        d.submit("c", lambda sc: None)
+    gate.set()
+    assert second.result(5) == "second"
+    assert d.drain(5) and _accounted(d) and d.stats().rejected == 1
+    assert len(recovered) == 1 and isinstance(recovered[0], Panic)
+
+
+@pytest.mark.parametrize("hook", ["on_start", "on_done"])
+def test_worker_hooks_raising_base_exception_lose_nothing(make_dispatcher, hook):
+    def bad(*args):
+        raise Panic(hook)
+
+    recovered = []
+    d = make_dispatcher(hooks=DispatcherHooks(**{hook: bad}), recover=recovered.append,
+                        send_timeout=0.2)
+    futs = [d.submit("c", lambda sc, i=i: i) for i in range(3)]
+    assert [f.result(5) for f in futs] == [0, 1, 2]
+    slow = d.submit("c", lambda sc: time.sleep(0.4))
+    with pytest.raises(SendTimeout):
+        slow.result(5)
+    assert d.drain(5) and _accounted(d)
+    assert len(recovered) == 4
+
+
+def test_a_recover_raising_base_exception_is_contained(make_dispatcher, caplog):
+    def recover(exc):
+        raise Panic("recover")
+
+    d = make_dispatcher(recover=recover, max_inflight=1)
+    with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
+        fut = d.submit("c", lambda sc: (_ for _ in ()).throw(Panic("task")))
+        with pytest.raises(TaskDiscarded):
+            fut.result(5)
+        assert d.submit("c", lambda sc: "next").result(5) == "next"
+    assert d.drain(5) and _accounted(d)

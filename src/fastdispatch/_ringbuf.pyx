@@ -633,7 +633,7 @@ cdef class DispatcherCore:
         if self._on_queued is not None:
             try:
                 self._on_queued(chat_id, queue_len)
-            except Exception as exc:
+            except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
         return 0
 
@@ -645,7 +645,7 @@ cdef class DispatcherCore:
         if self._on_rejected is not None:
             try:
                 self._on_rejected(chat_id, exc)
-            except Exception as hook_exc:
+            except BaseException as hook_exc:
                 self._hook_failed("on_rejected", hook_exc)
         raise exc
 
