@@ -578,3 +578,44 @@ def test_a_recover_raising_base_exception_is_contained(make_dispatcher, caplog):
             fut.result(5)
         assert d.submit("c", lambda sc: "next").result(5) == "next"
     assert d.drain(5) and _accounted(d)
+
+
+# ------------------------------------ 9. hooks never hold the deadline thread
+
+def test_a_blocking_on_done_hook_does_not_delay_other_timeouts(make_dispatcher):
+    release = threading.Event()
+
+    def on_done(info):
+        if info.chat_id == "hook-blocks" and isinstance(info.error, SendTimeout):
+            release.wait(10)
+
+    d = make_dispatcher(send_timeout=0.2, max_inflight=4,
+                        hooks=DispatcherHooks(on_done=on_done))
+    try:
+        first = d.submit("hook-blocks", lambda sc: time.sleep(0.4))
+        with pytest.raises(SendTimeout):
+            first.result(5)
+        other = d.submit("other", lambda sc: time.sleep(1.5))
+        with pytest.raises(SendTimeout):
+            other.result(1.0)     # its deadline is 0.2 s away
+    finally:
+        release.set()
+    assert d.drain(5) and d.stats().timed_out == 2
+
+
+def test_a_blocking_on_done_hook_does_not_hold_force_close(make_dispatcher):
+    release = threading.Event()
+    d = make_dispatcher(hooks=DispatcherHooks(on_done=lambda info: release.wait(10)))
+    try:
+        _, fut = _blocker(d, "c", cooperative=True)
+        t0 = time.monotonic()
+        closer = threading.Thread(target=d.force_close)
+        closer.start()
+        closer.join(2)
+        assert not closer.is_alive()
+        with pytest.raises(Cancelled):
+            fut.result(2)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 5
+    assert d.drain(5) and _accounted(d)

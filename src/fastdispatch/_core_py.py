@@ -111,6 +111,7 @@ class SendContext:
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
         "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
+        "_error",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -122,6 +123,7 @@ class SendContext:
         self._t_queued = self._t_start = 0.0
         self._queue_len = 0
         self._attempt = 1
+        self._error = None  # set when the deadline or force_close() claims it
 
     @property
     def attempt(self):
@@ -196,6 +198,7 @@ def _new_item(chat_id, fn, future, t_queued):
     item._t_start = 0.0
     item._queue_len = 0
     item._attempt = 1
+    item._error = None
     return item
 
 
@@ -600,6 +603,11 @@ class DispatcherCore:
                 self._resolve(item, None, error, "failed")
             else:
                 self._resolve(item, result, None, "completed")
+        elif self._on_done is not None:
+            # Timed out or force-closed meanwhile: its outcome is settled;
+            # report it now that it has returned, from this thread.
+            self._report(item, self._expired_error(item), monotonic() - item._t_start)
+            item._error = None
         if panic is not None:
             self._panic(q, panic)
         item._fn = None
@@ -756,6 +764,7 @@ class DispatcherCore:
                     expired.append(item)
                 for item in expired:
                     del running[item]
+                    item._error = SendTimeout()  # see _expired_error
                 if not expired:
                     self._timer_state = _IDLE if delay is None else _UNTIL_DEADLINE
             if expired:
@@ -794,20 +803,26 @@ class DispatcherCore:
         # The task is still running (Python cannot stop a thread); we release
         # its Future now and drop whatever it returns later.
         item._cancel_with(reason)
-        if reason == _BY_TIMEOUT:
-            error = SendTimeout("chat %s: the task ran past its %ss send_timeout"
-                                % (_safe_repr(item.chat_id), self._send_timeout))
-            outcome = "timed_out"
-        else:
-            error = Cancelled("the dispatcher was force-closed")
-            outcome = "cancelled"
+        error = self._expired_error(item)
+        outcome = "timed_out" if reason == _BY_TIMEOUT else "cancelled"
         future = item._future
         item._future = None
         if future is not None:
             future.set_exception(error)
         self._count(outcome)
-        if self._on_done is not None:
-            self._report(item, error, monotonic() - item._t_start)
+        # on_done is called by the task's worker once the task returns (see
+        # _run): a slow hook here would hold every other deadline, or
+        # force_close().
+
+    def _expired_error(self, item):
+        # The error was made when the task was claimed (under _run_lock, so
+        # that its worker finds it); a SendTimeout gets its message here,
+        # outside any lock (the chat id's repr is user code).
+        error = item._error
+        if isinstance(error, SendTimeout) and not error.args:
+            error.args = ("chat %s: the task ran past its %ss send_timeout"
+                          % (_safe_repr(item.chat_id), self._send_timeout),)
+        return error
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -820,6 +835,8 @@ class DispatcherCore:
         with self._run_lock:
             running = list(self._running)
             self._running.clear()
+            for item in running:
+                item._error = Cancelled("the dispatcher was force-closed")
         for item in running:
             self._expire(item, _BY_FORCE)
         for q in list(self._queues.values()):

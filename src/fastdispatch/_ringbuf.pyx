@@ -342,6 +342,7 @@ cdef class SendContext:
     cdef double _t_start
     cdef Py_ssize_t _queue_len
     cdef int _attempt
+    cdef object _error          # set when the deadline or force_close() claims it
     # Running-registry links; guarded by DispatcherCore._run_lock.
     cdef SendContext _prev
     cdef SendContext _next
@@ -898,6 +899,11 @@ cdef class DispatcherCore:
                 self._resolve(item, None, error, C_FAILED)
             else:
                 self._resolve(item, result, None, C_COMPLETED)
+        elif self._on_done is not None:
+            # Timed out or force-closed meanwhile: its outcome is settled;
+            # report it now that it has returned, from this thread.
+            self._report(item, self._expired_error(item), <double>monotonic() - item._t_start)
+            item._error = None
         if panic is not None:
             self._panic(q, panic)
         item._fn = None
@@ -1067,6 +1073,7 @@ cdef class DispatcherCore:
                             delay = item._deadline - now
                             break
                         self._unlink_locked(item)
+                        item._error = SendTimeout()  # see _expired_error
                         expired.append(item)
                     if not expired:
                         self._timer_state = _IDLE if delay is None else _UNTIL_DEADLINE
@@ -1109,23 +1116,28 @@ cdef class DispatcherCore:
     cdef int _expire(self, SendContext item, long long reason) except -1:
         # The task is still running (Python cannot stop a thread); we release
         # its Future now and drop whatever it returns later.
-        cdef int outcome
+        cdef int outcome = C_TIMED_OUT if reason == _BY_TIMEOUT else C_CANCELLED
         item._cancel_with(reason)
-        if reason == _BY_TIMEOUT:
-            error = SendTimeout("chat %s: the task ran past its %ss send_timeout"
-                                % (_safe_repr(item.chat_id), self._send_timeout))
-            outcome = C_TIMED_OUT
-        else:
-            error = Cancelled("the dispatcher was force-closed")
-            outcome = C_CANCELLED
+        error = self._expired_error(item)
         future = item._future
         item._future = None
         if future is not None:
             future.set_exception(error)
         FD_ADD(&self._counts[outcome], 1)
-        if self._on_done is not None:
-            self._report(item, error, <double>monotonic() - item._t_start)
+        # on_done is called by the task's worker once the task returns (see
+        # _run): a slow hook here would hold every other deadline, or
+        # force_close().
         return 0
+
+    cdef object _expired_error(self, SendContext item):
+        # The error was made when the task was claimed (under _run_lock, so
+        # that its worker finds it); a SendTimeout gets its message here,
+        # outside any lock (the chat id's repr is user code).
+        error = item._error
+        if isinstance(error, SendTimeout) and not error.args:
+            error.args = ("chat %s: the task ran past its %ss send_timeout"
+                          % (_safe_repr(item.chat_id), self._send_timeout),)
+        return error
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -1143,6 +1155,7 @@ cdef class DispatcherCore:
             while self._run_head is not None:
                 item = self._run_head
                 self._unlink_locked(item)
+                item._error = Cancelled("the dispatcher was force-closed")
                 running.append(item)
         for item in running:
             self._expire(item, _BY_FORCE)
