@@ -87,12 +87,13 @@ class RingBuffer:
 class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
 
-    __slots__ = ("chat_id", "lock", "running", "_key")
+    __slots__ = ("chat_id", "lock", "running", "_key", "_removed")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
         self._key = chat_id  # the chat map's key (see _chat_key)
+        self._removed = False  # out of the chat map for good (under lock)
         self.lock = _allocate_lock()
         # True from the moment the chat is scheduled until its worker removes
         # the queue from the chat map; at most one worker owns it meanwhile.
@@ -210,20 +211,29 @@ class _ChatKey:
     change between calls, and its ``__eq__`` may raise.  The map therefore
     keys anything but a plain ``int`` or ``str`` by this wrapper: one hash
     per submit (an error there is the caller's, raised before anything is
-    counted), and an ``__eq__`` that raises makes two ids unequal.
+    counted), and an ``__eq__`` that raises makes two ids unequal.  Such an
+    ``__eq__`` can leave two equal keys in the map; the worker removes its
+    own entry all the same, because a key being removed (``_removing``,
+    set under its queue's lock) equals nothing but itself.
     """
 
-    __slots__ = ("chat_id", "_hash")
+    __slots__ = ("chat_id", "_hash", "_removing")
 
     def __init__(self, chat_id, hash_value):
         self.chat_id = chat_id
         self._hash = hash_value
+        self._removing = False
 
     def __hash__(self):
         return self._hash
 
     def __eq__(self, other):
-        other_id = other.chat_id if type(other) is _ChatKey else other
+        if type(other) is _ChatKey:
+            if self._removing or other._removing:
+                return self is other
+            other_id = other.chat_id
+        else:
+            other_id = other
         if self.chat_id is other_id:
             return True
         try:
@@ -360,7 +370,10 @@ class DispatcherCore:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
-                if queues.get(key) is not q:
+                # (_removed is set in the same critical section as the
+                # removal: it says whether the map still holds this queue,
+                # without running the chat id's __eq__ again.)
+                if q._removed:
                     q = None
                     continue
                 items = q._items
@@ -556,8 +569,12 @@ class DispatcherCore:
         # keep its peak size for good; when the last chat leaves, reset it
         # (under _map_lock, so that no insert can slip in between).
         queues = self._queues
-        if queues.get(q._key) is q:
-            del queues[q._key]
+        if not q._removed:
+            q._removed = True
+            key = q._key
+            if type(key) is _ChatKey:
+                key._removing = True
+            queues.pop(key, None)
         if not queues:
             with self._map_lock:
                 if not queues:

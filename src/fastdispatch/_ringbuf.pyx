@@ -313,6 +313,7 @@ cdef class ChatQueue(RingBuffer):
     cdef bint _running
     cdef ChatQueue _next_ready  # ready list link; guarded by the pool lock
     cdef object _key            # the chat map's key (see _chat_key)
+    cdef bint _removed          # out of the chat map for good; under _lock
 
     def __init__(self, chat_id, Py_ssize_t capacity):
         RingBuffer.__init__(self, capacity)
@@ -428,17 +429,26 @@ cdef class _ChatKey:
     change between calls, and its ``__eq__`` may raise.  The map therefore
     keys anything but a plain ``int`` or ``str`` by this wrapper: one hash
     per submit (an error there is the caller's, raised before anything is
-    counted), and an ``__eq__`` that raises makes two ids unequal.
+    counted), and an ``__eq__`` that raises makes two ids unequal.  Such an
+    ``__eq__`` can leave two equal keys in the map; the worker removes its
+    own entry all the same, because a key being removed (``_removing``,
+    set under its queue's lock) equals nothing but itself.
     """
 
     cdef readonly object chat_id
     cdef Py_hash_t _hash
+    cdef bint _removing   # set under its queue's lock, before the removal
 
     def __hash__(self):
         return self._hash
 
     def __eq__(self, other):
-        other_id = (<_ChatKey>other).chat_id if type(other) is _ChatKey else other
+        if type(other) is _ChatKey:
+            if self._removing or (<_ChatKey>other)._removing:
+                return self is other
+            other_id = (<_ChatKey>other).chat_id
+        else:
+            other_id = other
         if self.chat_id is other_id:
             return True
         try:
@@ -614,7 +624,10 @@ cdef class DispatcherCore:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
-                if queues.get(key) is q:
+                # (_removed is set in the same critical section as the
+                # removal: it says whether the map still holds this queue,
+                # without running the chat id's __eq__ again.)
+                if not q._removed:
                     if q._push(item):
                         queue_len = q._count
                         start = not q._running
@@ -851,8 +864,12 @@ cdef class DispatcherCore:
         # keep its peak size for good; when the last chat leaves, reset it
         # (under _map_lock, so that no insert can slip in between).
         cdef dict queues = self._queues
-        if queues.get(q._key) is q:
-            del queues[q._key]
+        if not q._removed:
+            q._removed = True
+            key = q._key
+            if type(key) is _ChatKey:
+                (<_ChatKey>key)._removing = True
+            queues.pop(key, None)
         if not queues:
             with self._map_lock:
                 if not queues:
