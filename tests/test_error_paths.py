@@ -619,3 +619,43 @@ def test_a_blocking_on_done_hook_does_not_hold_force_close(make_dispatcher):
         release.set()
     assert time.monotonic() - t0 < 5
     assert d.drain(5) and _accounted(d)
+
+
+# -------------------------------------- 10. bounded QueueFull / error messages
+
+class HugeRepr:
+    def __repr__(self):
+        return "H" * 5_000_000
+
+
+@pytest.mark.parametrize("chat", ["x" * 10_000_000, b"y" * 10_000_000, HugeRepr(),
+                                  ("tenant", "z" * 1_000_000)],
+                         ids=["str", "bytes", "object", "tuple"])
+def test_queue_full_messages_stay_short_whatever_the_chat_id(make_dispatcher, chat):
+    d = make_dispatcher(queue_size=1)
+    gate, _ = _blocker(d, chat)
+    d.submit(chat, lambda sc: None)
+    for _ in range(5):
+        with pytest.raises(QueueFull) as info:
+            d.submit(chat, lambda sc: None)
+        assert len(str(info.value)) < 300
+    gate.set()
+    assert d.drain(5)
+
+
+def test_timeout_and_discard_messages_stay_short_whatever_the_chat_id(make_dispatcher, caplog):
+    chat = "x" * 1_000_000
+    d = make_dispatcher(send_timeout=0.2, max_inflight=1)
+    slow = d.submit(chat, lambda sc: time.sleep(0.4))
+    with pytest.raises(SendTimeout) as timeout:
+        slow.result(5)
+    assert len(str(timeout.value)) < 300
+    with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
+        panics = d.submit(chat, lambda sc: (_ for _ in ()).throw(Panic()))
+        waiting = d.submit(chat, lambda sc: None)
+        with pytest.raises(TaskDiscarded):
+            panics.result(5)
+        with pytest.raises(TaskDiscarded) as discarded:
+            waiting.result(5)
+    assert len(str(discarded.value)) < 300
+    assert d.drain(5)
