@@ -659,3 +659,29 @@ def test_timeout_and_discard_messages_stay_short_whatever_the_chat_id(make_dispa
             waiting.result(5)
     assert len(str(discarded.value)) < 300
     assert d.drain(5)
+
+
+# ------------------------------------------------- 11. sizes: one limit, both cores
+
+@pytest.mark.parametrize("argument", ["max_inflight", "queue_size"])
+def test_sizes_above_sys_maxsize_are_refused_the_same_way_by_both_cores(impl, argument):
+    with pytest.raises(ValueError, match=argument):
+        impl.OutboundDispatcher(**{argument: 2 ** 63})
+    with pytest.raises(ValueError, match=argument):
+        impl.OutboundDispatcher(**{argument: sys.maxsize + 1})
+
+
+@pytest.mark.parametrize("argument", ["max_inflight", "queue_size"])
+def test_sizes_up_to_sys_maxsize_work_on_both_cores(make_dispatcher, argument):
+    d = make_dispatcher(**{argument: sys.maxsize})
+    futs = [d.submit(i % 3, lambda sc, i=i: i) for i in range(30)]
+    assert [f.result(5) for f in futs] == list(range(30))
+
+
+def test_ring_buffer_capacity_limits_agree_between_cores(impl):
+    with pytest.raises(ValueError, match="capacity"):
+        impl.RingBuffer(2 ** 63)
+    with pytest.raises(ValueError, match="capacity"):
+        impl.RingBuffer(0)
+    ring = impl.RingBuffer(sys.maxsize)
+    assert ring.push(1) and len(ring) == 1 and ring.pop() == 1

@@ -25,6 +25,8 @@ order to get wrong.
 """
 
 import logging
+import operator
+import sys
 import threading
 from collections import OrderedDict, deque
 from time import monotonic
@@ -54,10 +56,8 @@ class RingBuffer:
     __slots__ = ("_items", "capacity")
 
     def __init__(self, capacity):
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
         self._items = deque()
-        self.capacity = capacity
+        self.capacity = _checked_capacity(capacity)
 
     def push(self, item):
         """Append ``item``; return False (and store nothing) when full."""
@@ -82,6 +82,17 @@ class RingBuffer:
     @property
     def full(self):
         return len(self._items) >= self.capacity
+
+
+def _checked_capacity(capacity):
+    # The same limits as the compiled core, which keeps it in a C ssize_t.
+    capacity = operator.index(capacity)
+    if capacity < 1:
+        raise ValueError("capacity must be at least 1")
+    if capacity > sys.maxsize:
+        raise ValueError("capacity must be at most sys.maxsize (%d), got %r"
+                         % (sys.maxsize, capacity))
+    return capacity
 
 
 class ChatQueue(RingBuffer):

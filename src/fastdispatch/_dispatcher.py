@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import numbers
+import sys
 import threading
 from time import monotonic
 
@@ -38,6 +39,10 @@ def _check_size(name, value):
         raise TypeError("%s must be an int, got %r" % (name, type(value).__name__))
     if value < 1:
         raise ValueError("%s must be at least 1, got %r" % (name, value))
+    if value > sys.maxsize:
+        # The compiled core keeps sizes in a C ssize_t: one limit for both.
+        raise ValueError("%s must be at most sys.maxsize (%d), got %r"
+                         % (name, sys.maxsize, value))
     return int(value)
 
 

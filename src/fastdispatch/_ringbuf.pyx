@@ -23,6 +23,8 @@ cimport cython
 from cpython.object cimport PyObject
 
 import logging
+import operator
+import sys
 import threading
 from collections import deque
 from concurrent.futures import _base as _futures_base
@@ -202,6 +204,18 @@ cdef int _future_finish(object future, object result, object error) except -1:
     return 0
 
 
+cdef Py_ssize_t _checked_capacity(object capacity) except -1:
+    # The same limits as the pure-Python core (checked before the C ssize_t
+    # conversion, which would raise OverflowError naming nothing).
+    capacity = operator.index(capacity)
+    if capacity < 1:
+        raise ValueError("capacity must be at least 1")
+    if capacity > sys.maxsize:
+        raise ValueError("capacity must be at most sys.maxsize (%d), got %r"
+                         % (sys.maxsize, capacity))
+    return capacity
+
+
 cdef class RingBuffer:
     """A FIFO of fixed capacity.  ``push`` is O(1) and refuses when full.
 
@@ -216,10 +230,8 @@ cdef class RingBuffer:
     cdef Py_ssize_t _count
     cdef readonly Py_ssize_t capacity
 
-    def __init__(self, Py_ssize_t capacity):
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self._init(capacity)
+    def __init__(self, capacity):
+        self._init(_checked_capacity(capacity))
 
     cdef inline void _init(self, Py_ssize_t capacity):
         # Also (re)sets the indexes: __init__ called again empties the buffer
@@ -315,7 +327,7 @@ cdef class ChatQueue(RingBuffer):
     cdef object _key            # the chat map's key (see _chat_key)
     cdef bint _removed          # out of the chat map for good; under _lock
 
-    def __init__(self, chat_id, Py_ssize_t capacity):
+    def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
         self._key = chat_id
