@@ -685,3 +685,42 @@ def test_ring_buffer_capacity_limits_agree_between_cores(impl):
         impl.RingBuffer(0)
     ring = impl.RingBuffer(sys.maxsize)
     assert ring.push(1) and len(ring) == 1 and ring.pop() == 1
+
+
+# ---------------------------- 12. cancelled Futures are seen by wait/as_completed
+
+def test_futures_cancelled_by_force_close_wake_wait_and_as_completed(make_dispatcher):
+    d = make_dispatcher(max_inflight=1)
+    _, running = _blocker(d, "c", cooperative=True)
+    waiting = [d.submit("c", lambda sc: None) for _ in range(3)]
+    futs = [running] + waiting
+    result = {}
+
+    def waiter():
+        result["wait"] = concurrent.futures.wait(futs, timeout=5)
+        result["as_completed"] = list(concurrent.futures.as_completed(futs, timeout=5))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.1)             # the waiter is blocked in wait()
+    d.force_close()
+    t.join(15)
+    assert not t.is_alive()
+    done, not_done = result["wait"]
+    assert len(done) == 4 and not not_done
+    assert len(result["as_completed"]) == 4
+
+
+def test_a_future_cancelled_by_its_caller_and_then_discarded_wakes_wait(make_dispatcher, caplog):
+    d = make_dispatcher(max_inflight=1)
+    gate, _ = _blocker(d, "c")
+    panics = d.submit("c", lambda sc: (_ for _ in ()).throw(Panic()))
+    cancelled = d.submit("c", lambda sc: None)
+    assert cancelled.cancel()
+    with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
+        gate.set()
+        with pytest.raises(TaskDiscarded):
+            panics.result(5)
+        done, _ = concurrent.futures.wait([cancelled], timeout=5)
+    assert done == {cancelled}
+    assert d.drain(5) and _accounted(d)

@@ -29,6 +29,7 @@ import operator
 import sys
 import threading
 from collections import OrderedDict, deque
+from concurrent.futures._base import CANCELLED as _CANCELLED
 from time import monotonic
 
 from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
@@ -275,12 +276,24 @@ def _settle(future, exc):
         return True
     if isinstance(exc, Cancelled):
         future.cancel()
+        _notify_cancelled(future)
         return False
     try:
         future.set_exception(exc)
     except Exception:  # InvalidStateError: cancelled by the caller meanwhile
+        _notify_cancelled(future)
         return False
     return True
+
+
+
+def _notify_cancelled(future):
+    # concurrent.futures.wait() and as_completed() see a cancelled Future
+    # only once set_running_or_notify_cancel() has moved it on to
+    # CANCELLED_AND_NOTIFIED, as an executor does for each one it drops.
+    # The worker does that for a task it pops; this is for the others.
+    if future._state == _CANCELLED:
+        future.set_running_or_notify_cancel()
 
 
 class DispatcherCore:

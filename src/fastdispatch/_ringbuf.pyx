@@ -98,6 +98,7 @@ cdef cython.pymutex _event_lock
 cdef object _PENDING = _futures_base.PENDING
 cdef object _RUNNING = _futures_base.RUNNING
 cdef object _FINISHED = _futures_base.FINISHED
+cdef object _CANCELLED = _futures_base.CANCELLED
 cdef object _Condition = threading.Condition
 cdef object _RLock = threading.RLock
 
@@ -510,12 +511,25 @@ cdef bint _settle(object future, object exc) except -1:
         return True
     if isinstance(exc, Cancelled):
         future.cancel()
+        _notify_cancelled(future)
         return False
     try:
         future.set_exception(exc)
     except Exception:  # InvalidStateError: cancelled by the caller meanwhile
+        _notify_cancelled(future)
         return False
     return True
+
+
+
+cdef int _notify_cancelled(object future) except -1:
+    # concurrent.futures.wait() and as_completed() see a cancelled Future
+    # only once set_running_or_notify_cancel() has moved it on to
+    # CANCELLED_AND_NOTIFIED, as an executor does for each one it drops.
+    # The worker does that for a task it pops; this is for the others.
+    if future._state is _CANCELLED:
+        future.set_running_or_notify_cancel()
+    return 0
 
 
 cdef class DispatcherCore:
