@@ -724,3 +724,49 @@ def test_a_future_cancelled_by_its_caller_and_then_discarded_wakes_wait(make_dis
         done, _ = concurrent.futures.wait([cancelled], timeout=5)
     assert done == {cancelled}
     assert d.drain(5) and _accounted(d)
+
+
+# ------------------------------------------------------ 13. everything at once
+
+def test_no_future_is_left_pending_by_a_storm_of_hostile_code(make_dispatcher, caplog):
+    """Everything at once: each accepted Future ends, counters add up."""
+    kinds = [Panic("p"), SystemExit(0), KeyboardInterrupt(), ValueError("v"), None]
+
+    def task(i):
+        def run(sc):
+            exc = kinds[i % len(kinds)]
+            if exc is not None:
+                raise exc
+            return i
+        return run
+
+    def on_done(info):
+        if info.queue_len % 2:
+            raise Panic("on_done")
+
+    d = make_dispatcher(max_inflight=4, queue_size=8, send_timeout=0.5,
+                        hooks=DispatcherHooks(on_done=on_done, on_start=_raise(Panic("s"))),
+                        recover=_raise(SystemExit(3)))
+    futs = []
+    with caplog.at_level(logging.CRITICAL):
+        for i in range(400):
+            if i % 10 == 0:
+                chat = BadRepr()
+            elif i % 10 == 5:
+                chat = FlakyHash({2})
+            else:
+                chat = i % 13
+            try:
+                fut = d.submit(chat, task(i))
+            except (QueueFull, RuntimeError):
+                continue
+            try:
+                fut.add_done_callback(_raise(kinds[i % 3]))
+            except BaseException:     # noqa: B902 -- already done: ran right here
+                pass
+            futs.append(fut)
+        done, not_done = concurrent.futures.wait(futs, timeout=30)
+        assert not not_done
+        assert d.drain(10)
+    gc.collect()
+    assert d.active_chats == 0 and _accounted(d)
