@@ -607,6 +607,11 @@ class DispatcherCore:
     def _run(self, item, q):
         """Run one task.  Return False if it panicked."""
         future = item._future
+        if self._forced:
+            # Popped just before force_close() cleared the queue: dropped as
+            # a waiting task is (its Future cancelled).  _register re-checks.
+            self._finish(item, Cancelled("the dispatcher was force-closed"), "cancelled")
+            return True
         if future is not None and not future.set_running_or_notify_cancel():
             self._finish(item, Cancelled("cancelled before it started"), "cancelled")
             return True

@@ -908,6 +908,11 @@ cdef class DispatcherCore:
         cdef object result = None
         cdef object error = None
         cdef object panic = None
+        if self._forced:
+            # Popped just before force_close() cleared the queue: dropped as
+            # a waiting task is (its Future cancelled).  _register re-checks.
+            self._finish(item, Cancelled("the dispatcher was force-closed"), C_CANCELLED)
+            return True
         if future is not None and not _future_start(future):
             self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
             return True
