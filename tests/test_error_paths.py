@@ -247,6 +247,45 @@ def test_a_chat_id_whose_eq_raises_strands_nothing(make_dispatcher):
     assert d.stats().completed == len(futs)
 
 
+class ShyOne:
+    """Equal to 1 (and hashes like it), but its first two comparisons raise."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        self.calls += 1
+        if self.calls <= 2:
+            raise RuntimeError("__eq__")
+        return other == 1
+
+
+def test_each_worker_removes_its_own_queue_next_to_an_equal_plain_key(make_dispatcher):
+    # ShyOne() lands in the map next to the plain key 1 (its comparisons
+    # raised); removing it must not remove 1's queue instead.
+    d = make_dispatcher(max_inflight=4)
+    gate, one = _blocker(d, 1)
+    shy = d.submit(ShyOne(), lambda sc: "shy")
+    assert shy.result(5) == "shy"
+    assert _wait_until(lambda: d.active_chats == 1)
+    # Chat 1's queue must still be in the map: its next task waits for the
+    # running one instead of getting a queue (and a worker) of its own.
+    started = threading.Event()
+    futs = []
+    submitter = threading.Thread(
+        target=lambda: futs.append(d.submit(1, lambda sc: started.set())), daemon=True)
+    submitter.start()
+    submitter.join(5)
+    assert not submitter.is_alive(), "submit did not return"
+    assert not started.wait(0.3), "two tasks of chat 1 ran at once"
+    gate.set()
+    assert one.result(5) is True and futs[0].result(5) is None
+    assert d.drain(5) and d.active_chats == 0 and _accounted(d)
+
+
 # ---------------------------------------------------- 3. a chat id's __repr__
 
 class BadRepr:

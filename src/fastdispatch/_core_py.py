@@ -240,8 +240,10 @@ class _ChatKey:
         return self._hash
 
     def __eq__(self, other):
+        if self._removing:
+            return self is other
         if type(other) is _ChatKey:
-            if self._removing or other._removing:
+            if other._removing:
                 return self is other
             other_id = other.chat_id
         else:

@@ -456,8 +456,10 @@ cdef class _ChatKey:
         return self._hash
 
     def __eq__(self, other):
+        if self._removing:
+            return self is other
         if type(other) is _ChatKey:
-            if self._removing or (<_ChatKey>other)._removing:
+            if (<_ChatKey>other)._removing:
                 return self is other
             other_id = (<_ChatKey>other).chat_id
         else:
