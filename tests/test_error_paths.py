@@ -310,10 +310,10 @@ def test_queue_full_is_raised_even_if_the_chat_id_repr_raises(make_dispatcher):
 
 def test_deadlines_go_on_when_a_timed_out_chat_id_repr_raises(make_dispatcher):
     d = make_dispatcher(send_timeout=0.2)
-    slow = d.submit(BadRepr(), lambda sc: time.sleep(0.5))
+    slow = d.submit(BadRepr(), lambda sc: time.sleep(1.0))
     with pytest.raises(SendTimeout):
         slow.result(5)
-    later = d.submit("later", lambda sc: time.sleep(0.5))
+    later = d.submit("later", lambda sc: time.sleep(1.0))
     with pytest.raises(SendTimeout):
         later.result(5)
     assert d.drain(5) and _accounted(d)
@@ -388,11 +388,11 @@ def test_a_done_callback_raising_keyboard_interrupt_on_timeout_keeps_the_deadlin
         make_dispatcher, caplog):
     d = make_dispatcher(send_timeout=0.2)
     with caplog.at_level(logging.CRITICAL):
-        slow = d.submit("a", lambda sc: time.sleep(0.4))
+        slow = d.submit("a", lambda sc: time.sleep(1.0))
         slow.add_done_callback(_raise(KeyboardInterrupt()))
         with pytest.raises(SendTimeout):
             slow.result(5)
-        later = d.submit("b", lambda sc: time.sleep(0.4))
+        later = d.submit("b", lambda sc: time.sleep(1.0))
         with pytest.raises(SendTimeout):
             later.result(5)
         assert d.drain(5)
@@ -464,7 +464,7 @@ def test_a_deadline_thread_that_cannot_start_kills_no_worker(
     with caplog.at_level(logging.CRITICAL, logger="fastdispatch"):
         assert d.submit("a", lambda sc: "a").result(5) == "a"
     # The next task with a deadline starts the thread, and deadlines hold.
-    slow = d.submit("b", lambda sc: time.sleep(0.6))
+    slow = d.submit("b", lambda sc: time.sleep(1.5))
     with pytest.raises(SendTimeout):
         slow.result(5)
     assert d.drain(5) and _accounted(d)
@@ -548,12 +548,12 @@ def test_the_deadline_thread_ends_when_idle_and_comes_back_with_work(make_dispat
     assert d.submit("a", lambda sc: "a").result(5) == "a"
     assert _wait_until(lambda: not deadline_threads() or not d._timer_thread.is_alive())
     for _ in range(2):
-        slow = d.submit("b", lambda sc: time.sleep(0.6))
+        slow = d.submit("b", lambda sc: time.sleep(1.5))
         with pytest.raises(SendTimeout):
             slow.result(5)
         assert d.drain(5)
-        time.sleep(0.3)               # idle: the deadline thread ends
-        assert not d._timer_thread.is_alive()
+        # idle for idle_timeout: the deadline thread ends
+        assert _wait_until(lambda: not d._timer_thread.is_alive())
     assert d.stats().timed_out == 2 and _accounted(d)
 
 
@@ -599,7 +599,7 @@ def test_worker_hooks_raising_base_exception_lose_nothing(make_dispatcher, hook)
                         send_timeout=0.2)
     futs = [d.submit("c", lambda sc, i=i: i) for i in range(3)]
     assert [f.result(5) for f in futs] == [0, 1, 2]
-    slow = d.submit("c", lambda sc: time.sleep(0.4))
+    slow = d.submit("c", lambda sc: time.sleep(1.0))
     with pytest.raises(SendTimeout):
         slow.result(5)
     assert d.drain(5) and _accounted(d)
@@ -631,7 +631,7 @@ def test_a_blocking_on_done_hook_does_not_delay_other_timeouts(make_dispatcher):
     d = make_dispatcher(send_timeout=0.2, max_inflight=4,
                         hooks=DispatcherHooks(on_done=on_done))
     try:
-        first = d.submit("hook-blocks", lambda sc: time.sleep(0.4))
+        first = d.submit("hook-blocks", lambda sc: time.sleep(1.0))
         with pytest.raises(SendTimeout):
             first.result(5)
         other = d.submit("other", lambda sc: time.sleep(1.5))
@@ -685,7 +685,7 @@ def test_queue_full_messages_stay_short_whatever_the_chat_id(make_dispatcher, ch
 def test_timeout_and_discard_messages_stay_short_whatever_the_chat_id(make_dispatcher, caplog):
     chat = "x" * 1_000_000
     d = make_dispatcher(send_timeout=0.2, max_inflight=1)
-    slow = d.submit(chat, lambda sc: time.sleep(0.4))
+    slow = d.submit(chat, lambda sc: time.sleep(1.0))
     with pytest.raises(SendTimeout) as timeout:
         slow.result(5)
     assert len(str(timeout.value)) < 300
