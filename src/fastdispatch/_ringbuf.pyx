@@ -23,7 +23,6 @@ cimport cython
 from cpython.object cimport PyObject
 
 import logging
-import operator
 import sys
 import threading
 from collections import deque
@@ -206,15 +205,20 @@ cdef int _future_finish(object future, object result, object error) except -1:
 
 
 cdef Py_ssize_t _checked_capacity(object capacity) except -1:
-    # The same limits as the pure-Python core (checked before the C ssize_t
-    # conversion, which would raise OverflowError naming nothing).
-    capacity = operator.index(capacity)
-    if capacity < 1:
+    # The same limits and errors as the pure-Python core (the bare C ssize_t
+    # conversion would raise OverflowError naming nothing).
+    cdef Py_ssize_t n
+    try:
+        n = capacity
+    except OverflowError:
+        if capacity < 0:
+            n = 0
+        else:
+            raise ValueError("capacity must be at most sys.maxsize (%d), got %r"
+                             % (sys.maxsize, capacity)) from None
+    if n < 1:
         raise ValueError("capacity must be at least 1")
-    if capacity > sys.maxsize:
-        raise ValueError("capacity must be at most sys.maxsize (%d), got %r"
-                         % (sys.maxsize, capacity))
-    return capacity
+    return n
 
 
 cdef class RingBuffer:
