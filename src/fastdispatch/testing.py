@@ -225,8 +225,10 @@ class FakeTelegramServer:
     - ``tolerance``: seconds shaved off every window, for the jitter between
       a client starting a request and the server seeing it (with
       millisecond windows that jitter is a real fraction of the window).
-    - ``latency``: seconds every request takes (or ``(low, high)``: uniform
-      random), like a network round trip; settable later.
+    - ``latency``: seconds every answer is held back (or ``(low, high)``:
+      uniform random), like a network round trip; settable later.  A
+      request is processed (and a message recorded) when it arrives; the
+      latency delays the answer.
     - ``seed``: for the random latency and the random fault rates.
 
     The server is started by :meth:`start` or ``with``; :attr:`base_url` is
@@ -337,6 +339,7 @@ class FakeTelegramServer:
     def _connection_opened(self, conn):
         with self._lock:
             self._connections.add(conn)
+            self._counts["connections"] += 1
 
     def _connection_closed(self, conn):
         with self._lock:
@@ -487,7 +490,7 @@ class FakeTelegramServer:
             self._admins[str(chat_id)] = [dict(u) for u in users]
 
     def stats(self) -> Dict[str, int]:
-        """Counters: ``requests``, ``sent`` (messages recorded),
+        """Counters: ``requests``, ``connections`` (opened), ``sent`` (messages recorded),
         ``too_many`` (429s for limits), ``injected_<fault>``, ``status_<n>``."""
         with self._lock:
             counts = dict(self._counts)
@@ -534,11 +537,8 @@ class FakeTelegramServer:
             fault, options = self._pick_fault(method)
             if fault is not None:
                 counts["injected_" + fault] += 1
-        delay = self._delay()
         if fault == "delay":
-            delay += options["seconds"]
-        if delay:
-            time.sleep(delay)
+            time.sleep(options["seconds"])
         if fault == "drop":
             return self._drop(handler)
         if fault == "error":
@@ -559,6 +559,11 @@ class FakeTelegramServer:
             return self._answer(handler, answer)
         except Exception as exc:  # a bug here must not kill the connection thread
             return self._answer(handler, _Answer(500, "Internal Server Error: %r" % (exc,)))
+        # The latency is the answer's way back: what arrived is recorded at
+        # once, so the record's times are when requests reached the server.
+        delay = self._delay()
+        if delay:
+            time.sleep(delay)
         if fault == "drop_after":
             return self._drop(handler)
         if fault == "garbage":
