@@ -219,8 +219,9 @@ def test_injected_faults_answer_as_described(server):
     assert time.monotonic() - t0 >= 0.2
     assert len(server.messages(9)) == 4
     stats = server.stats()
+    assert stats["injected_error"] == 2
     assert all(stats["injected_" + f] == 1 for f in (
-        "error", "too_many", "drop", "drop_after", "garbage", "truncate", "delay"))
+        "too_many", "drop", "drop_after", "garbage", "truncate", "delay"))
 
 
 def test_injected_faults_apply_to_their_method_only_and_in_order(server):
