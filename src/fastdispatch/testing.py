@@ -490,8 +490,10 @@ class FakeTelegramServer:
             self._admins[str(chat_id)] = [dict(u) for u in users]
 
     def stats(self) -> Dict[str, int]:
-        """Counters: ``requests``, ``connections`` (opened), ``sent`` (messages recorded),
-        ``too_many`` (429s for limits), ``injected_<fault>``, ``status_<n>``."""
+        """Counters: ``requests``, ``connections`` (opened), ``sent`` (messages
+        recorded), ``too_many`` (429s for limits; by limit: ``too_many_chat``,
+        ``too_many_group``, ``too_many_global``), ``injected_<fault>``,
+        ``status_<n>``."""
         with self._lock:
             counts = dict(self._counts)
             counts["sent"] = len(self._order)
@@ -643,13 +645,19 @@ class FakeTelegramServer:
                 if self._global_window is None:
                     self._global_window = _Window(self.global_limit, self.tolerance)
                 wait = self._global_window.wait_needed(now)
-            limit = self.group_limit if _is_group(key) and self.group_limit else self.chat_limit
+                if wait > 0:
+                    self._counts["too_many_global"] += 1
+            group = _is_group(key) and self.group_limit is not None
+            limit = self.group_limit if group else self.chat_limit
             window = None
             if limit is not None:
                 window = self._windows.get(key)
                 if window is None:
                     window = self._windows[key] = _Window(limit, self.tolerance)
-                wait = max(wait, window.wait_needed(now))
+                chat_wait = window.wait_needed(now)
+                if chat_wait > 0:
+                    self._counts["too_many_group" if group else "too_many_chat"] += 1
+                    wait = max(wait, chat_wait)
             if wait > 0:
                 self._counts["too_many"] += 1
                 seconds = math.ceil(wait * 1000) / 1000.0
