@@ -797,11 +797,14 @@ def main(argv=None):
     parser.add_argument("--global-limit", type=_parse_limit, default=None,
                         help="COUNT/SECONDS bot-wide, e.g. 30/1")
     parser.add_argument("--latency-ms", type=float, default=0.0,
-                        help="milliseconds every request takes")
+                        help="milliseconds every answer is held back")
+    parser.add_argument("--tolerance", type=float, default=0.0,
+                        help="seconds shaved off every limit window (for jitter)")
     args = parser.parse_args(argv)
     server = FakeTelegramServer(args.token, chat_limit=args.chat_limit,
                                 group_limit=args.group_limit, global_limit=args.global_limit,
-                                latency=args.latency_ms / 1000.0, port=args.port)
+                                latency=args.latency_ms / 1000.0, port=args.port,
+                                tolerance=args.tolerance)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     with server:
