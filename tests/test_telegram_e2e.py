@@ -97,3 +97,22 @@ def test_an_echo_bot_polls_updates_and_replies_in_order(impl):
         assert done.is_set()
         assert [m.text for m in server.messages(5)] == [str(i) for i in range(0, 20, 2)]
         assert [m.text for m in server.messages(6)] == [str(i) for i in range(1, 20, 2)]
+
+
+def test_the_telegram_example_runs_against_a_fake_server_without_a_token():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import pytest
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "telegram_echo_bot.py"
+    if not script.exists():
+        pytest.skip("examples/ is not part of this copy of the tests")
+    env = {k: v for k, v in os.environ.items() if k != "TELEGRAM_BOT_TOKEN"}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "FakeTelegramServer" in out.stdout
+    assert "replies arrived in order: yes" in out.stdout
