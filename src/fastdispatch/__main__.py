@@ -5,8 +5,9 @@ import sys
 USAGE = """usage: python -m fastdispatch COMMAND [options]
 
 commands:
-  demo    thousands of messages to hundreds of chats over a simulated network;
-          verifies per-chat order and prints throughput and latency
+  demo    thousands of messages to hundreds of chats through TelegramSender over
+          HTTP into a local FakeTelegramServer with Telegram's limits scaled
+          down; verifies per-chat order, reports 429s, throughput, latency
   bench   a short benchmark run printing a table of ratios against baselines
 
 Run 'python -m fastdispatch COMMAND --help' for a command's options.
