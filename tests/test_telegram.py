@@ -631,3 +631,34 @@ def test_webhook_arguments_are_checked(sender):
     with pytest.raises(ValueError, match="max_body"):
         webhook_app(Engine(), sender, max_body=0)
     assert "NOT set" in repr(webhook_app(Engine(), sender))
+
+
+def test_two_senders_with_one_token_both_stay_redacted(server, caplog):
+    import gc
+
+    first = TelegramSender(TOKEN, base_url=server.base_url)
+    second = TelegramSender(TOKEN, base_url=server.base_url)
+    del first
+    gc.collect()
+    with caplog.at_level(logging.DEBUG, logger="urllib3.connectionpool"):
+        send(second)
+    assert caplog.records and SECRET_PART not in caplog.text
+
+
+def test_a_handler_may_stop_its_own_poller(server, sender):
+    stopped = []
+    engine = Engine()
+    poller = TelegramPoller(sender, engine, poll_timeout=1)
+
+    @engine.on(block=True)
+    def stop_me(ctx):
+        stopped.append(poller.stop(timeout=1))
+
+    server.push_message(1, "stop")
+    server.push_message(1, "never handled")
+    poller.start()
+    deadline = time.monotonic() + 10
+    while poller.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stopped == [False] and not poller.running
+    assert server.pending_updates() == 1  # the first was confirmed, the second comes again

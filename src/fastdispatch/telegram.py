@@ -122,10 +122,23 @@ class _RedactTokens(logging.Filter):
 
     def __init__(self):
         super().__init__()
-        self.tokens = weakref.WeakValueDictionary()  # token -> sender (GIL-atomic ops)
+        self._lock = threading.Lock()  # guards tokens
+        self.tokens = collections.Counter()  # token -> live senders holding it
+
+    def remember(self, sender, token):
+        with self._lock:
+            self.tokens[token] += 1
+        weakref.finalize(sender, self._forget, token)
+
+    def _forget(self, token):
+        with self._lock:
+            self.tokens[token] -= 1
+            if self.tokens[token] <= 0:
+                del self.tokens[token]
 
     def filter(self, record):
-        tokens = list(self.tokens.keys())
+        with self._lock:
+            tokens = list(self.tokens)
         if not tokens:
             return True
         try:
@@ -239,7 +252,7 @@ class TelegramSender:
         # One pool for every worker thread; retries=False: never retry here.
         self._pool = urllib3.connection_from_url(
             self.base_url, maxsize=pool_size, block=True, retries=False)
-        _redact.tokens[token] = self
+        _redact.remember(self, token)
 
     def __repr__(self) -> str:
         return "TelegramSender(base_url=%r, bot_id=%r)" % (self.base_url, self.bot_id)
@@ -518,10 +531,14 @@ class TelegramPoller:
         """End the loop: the long poll in progress is cut (its connection is
         shut down), the update being handled finishes, the handled ones are
         confirmed.  Returns True once the loop has ended, False if it was
-        still running after ``timeout`` seconds (a handler still busy)."""
+        still running after ``timeout`` seconds (a handler still busy), or
+        at once when called from a handler (the poller's own thread): the
+        loop then ends after that update."""
         self._stop.set()
         with self._lock:
             conn, thread = self._conn, self._thread
+        if thread is threading.current_thread():
+            return False  # called by a handler: the loop ends after this update
         if conn is not None:
             sock = getattr(conn, "sock", None)
             if sock is not None:
