@@ -43,6 +43,7 @@ import argparse
 import collections
 import itertools
 import json
+import logging
 import math
 import random
 import signal
@@ -57,6 +58,8 @@ from urllib.parse import parse_qsl, urlsplit
 from .pacing import RateLimit
 
 __all__ = ["FakeTelegramServer", "SentMessage", "telegram_limits"]
+
+_log = logging.getLogger("fastdispatch.testing")
 
 _FAULTS = ("error", "too_many", "drop", "drop_after", "garbage", "truncate", "delay")
 
@@ -203,6 +206,14 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
+
+    def handle_error(self, request, client_address):
+        # A client that goes away mid-request (a timeout, a test that
+        # closes its connection) is normal here, not worth a traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            return
+        _log.exception("FakeTelegramServer: error while serving %s", client_address)
 
 
 class FakeTelegramServer:
