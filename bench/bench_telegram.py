@@ -2,8 +2,8 @@
 
 Run:  python -m pytest bench/bench_telegram.py --benchmark-only
 
-The workloads live in ``fastdispatch._bench_telegram`` (shared with the bench
-command).  A FakeTelegramServer runs in another process, so the timings are
+The workloads live in ``fastdispatch.bench.telegram`` (shared with the bench
+command's ``telegram`` section).  A FakeTelegramServer runs in another process, so the timings are
 the client's.  Groups:
 
 - ``telegram: 3000 sends to 300 chats``  ``fastdispatch`` (OutboundDispatcher,
@@ -18,7 +18,7 @@ the client's.  Groups:
 
 import pytest
 
-from fastdispatch import _bench_telegram as tg
+from fastdispatch.bench import telegram as tg
 
 pytest.importorskip("urllib3")
 pytest.importorskip("requests")

@@ -53,6 +53,8 @@ _AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
 _SPAWN = object()
 # What _run returns: the task ended, it panicked, or it will run again.
 _DONE, _PANICKED, _RETRYING, _CANCELLED = 0, 1, 2, 3
+# What _next_paced returns besides a task: parked, or look again.
+_PARKED, _AGAIN = object(), object()
 _INF = float("inf")
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
@@ -98,7 +100,7 @@ class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
 
     __slots__ = ("chat_id", "lock", "running", "retry_item", "not_before",
-                 "granted", "waited")
+                 "granted", "waited", "window")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -117,6 +119,7 @@ class ChatQueue(RingBuffer):
         self.not_before = 0.0    # monotonic time before which it may not start
         self.granted = False     # holds a start granted by the global line
         self.waited = False      # its next start had to wait for a limit
+        self.window = None       # its rate-limit window, while alive
 
 
 class _Window:
@@ -127,10 +130,12 @@ class _Window:
     ``len < count or stamps[0] <= t - per``.  Guarded by ``_run_lock``.
     """
 
-    __slots__ = ("count", "per", "stamps", "dead", "key")
+    __slots__ = ("count", "per", "stamps", "dead", "key", "expiry", "entries")
 
     def __init__(self, limit, key=None):
         self.key = key
+        self.expiry = None      # the timer's deque of windows of this period
+        self.entries = 0        # how many times this window is in it
         if limit is None:
             # A chat without a limit: remembered only so that ``limit_for``
             # is not asked again at every start.
@@ -591,31 +596,28 @@ class DispatcherCore:
     def _drain_chat(self, q):
         while True:
             if self._limited or q.not_before or self._pause_until:
-                # Pacing: may this chat start its next task now?  If not, the
-                # chat is parked on the timer's schedule and this worker
-                # moves on: no thread ever sleeps for a limit.
+                item = self._next_paced(q)
+                if item is _PARKED:
+                    return
+                if item is _AGAIN:
+                    continue
+            else:
                 with q.lock:
-                    idle = q.retry_item is None and not q._items
-                if not idle:
-                    try:
-                        if not self._admit(q):
-                            return
-                    except BaseException as exc:
-                        self._refuse_head(q, exc)
-                        continue
-            with q.lock:
-                item = q.retry_item
-                if item is not None:
-                    q.retry_item = None
-                elif q._items:
-                    item = q._items.popleft()
-                else:
-                    # Invariant 4: the empty queue leaves the map while its
-                    # lock is held, so a submitter's re-check cannot miss it.
-                    q.running = False
-                    self._remove_locked(q)
-                    break
-                item._queue_len = len(q._items)
+                    item = q.retry_item
+                    if item is not None:
+                        q.retry_item = None
+                    elif q._items:
+                        item = q._items.popleft()
+                    else:
+                        # Invariant 4: the empty queue leaves the map while
+                        # its lock is held, so a submitter's re-check cannot
+                        # miss it.
+                        q.running = False
+                        self._remove_locked(q)
+                    if item is not None:
+                        item._queue_len = len(q._items)
+            if item is None:
+                break
             ran = self._run(item, q)
             if ran == _PANICKED:
                 return  # the task panicked; its chat is gone
@@ -631,25 +633,64 @@ class DispatcherCore:
 
     # ------------------------------------------------------------------ pacing
 
-    def _admit(self, q):
-        """May ``q`` start its next task now?  Else park it; return False.
+    def _next_paced(self, q):
+        # The chat's next task if pacing lets it start now; _PARKED if the
+        # chat was parked (the timer will hand it back: no worker sleeps
+        # for a limit); _AGAIN to look again; None once the chat is empty
+        # and removed.
+        window = q.window
+        failed = False
+        if self._chat_limits and (window is None or window.dead):
+            try:
+                window = q.window = self._chat_window(q.chat_id)
+            except BaseException as exc:
+                # limit_for, or the chat id's __hash__/__eq__, failed: the
+                # task it was asked for fails with that error.
+                if self._refuse_head(q, exc):
+                    return _AGAIN
+                window, failed = None, True
+        with q.lock:
+            if q.retry_item is None and not q._items:
+                q.running = False
+                self._remove_locked(q)
+                return None
+            if failed:
+                return _AGAIN  # a task arrived meanwhile: judge it again
+            admitted = self._admit_locked(q, window)
+            if admitted is not True:
+                return _AGAIN if admitted is None else _PARKED
+            item = q.retry_item
+            if item is not None:
+                q.retry_item = None
+            else:
+                item = q._items.popleft()
+            item._queue_len = len(q._items)
+            return item
 
-        Called by the chat's worker only.  The checks and the recording of
-        the start are one step under _run_lock, so that no two starts can
-        both take the last place in a window.
+    def _admit_locked(self, q, window):
+        """May ``q`` start its next task now?  Else park it.
+
+        With ``q.lock`` held, by the chat's owner.  Returns True (start,
+        and the start is recorded), False (parked) or None (the chat's
+        window was forgotten meanwhile: fetch it again).  The checks and
+        the recording are one step under _run_lock, so that no two starts
+        can both take the last place in a window.
         """
-        window = None
-        if self._chat_limits:
-            window = self._chat_window(q.chat_id)
         with self._run_lock:
             if self._forced:
                 return True  # _run settles it as cancelled
+            if window is not None and window.dead:
+                q.window = None
+                return None
             now = monotonic()
             # Time rules first: a retry delay, a global pause, the chat's
             # own window.  A chat that must wait for them waits alone.
             until = q.not_before
-            if self._pause_until > until:
-                until = self._pause_until
+            if self._pause_until:
+                if self._pause_until <= now:
+                    self._pause_until = 0.0  # over: back to the fast path
+                elif self._pause_until > until:
+                    until = self._pause_until
             if window is not None and window.count:
                 t = window.next_start()
                 if t > until:
@@ -706,19 +747,22 @@ class DispatcherCore:
         with self._run_lock:
             window = self._windows.get(chat_id)
             if window is None or window.dead:
+                expiry = self._expiry.get(fresh.per)
+                if expiry is None:
+                    expiry = self._expiry[fresh.per] = deque()
+                fresh.expiry = expiry
                 self._windows[chat_id] = window = fresh
         return window
 
     def _record_locked(self, window, now):
         # A chat's start: into its window, and onto the timer's list of
-        # windows to forget once this start has left them.
+        # windows to forget once their last start has left them.
         window.stamps.append(now)
-        expiry = self._expiry.get(window.per)
-        if expiry is None:
-            expiry = self._expiry[window.per] = deque()
+        expiry = window.expiry
         if not expiry:
             self._timer_needed_locked(now + window.per)
-        expiry.append((now, window))
+        expiry.append(window)
+        window.entries += 1
 
     def _park_locked(self, q, until):
         # Put an owned chat on the wake-up schedule (with _run_lock held).
@@ -746,7 +790,7 @@ class DispatcherCore:
             elif q._items:
                 item = q._items.popleft()
         if item is None:
-            return
+            return False
         logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)
         if not isinstance(exc, Exception):
             exc = TypeError("pacing failed: %r" % (exc,))
@@ -755,6 +799,7 @@ class DispatcherCore:
         else:
             self._finish(item, exc, "failed")
             self._maybe_drained()
+        return True
 
     def _remove_locked(self, q):
         # With q.lock held: take q out of the chat map.  A dict never
@@ -1068,15 +1113,17 @@ class DispatcherCore:
                 if line:
                     until = min(until, glob.next_start(self._granted))
         for per, expiry in self._expiry.items():
-            # (start time, window) in start order; an entry is stale when
-            # its window started again since (a later entry stands for it).
+            # One entry per start, in start order; an entry is stale when
+            # its window has later ones (it started again since).
             while expiry:
-                stamp, window = expiry[0]
-                if stamp == window.last():
-                    if stamp + per > now:
-                        until = min(until, stamp + per)
+                window = expiry[0]
+                if window.entries == 1:
+                    t = window.last() + per
+                    if t > now:
+                        until = min(until, t)
                         break
                     self._forget_window_locked(window)
+                window.entries -= 1
                 expiry.popleft()
         return until
 

@@ -87,6 +87,9 @@ cdef enum:
     _CANCELLED = 3
 
 cdef double _INF = float("inf")
+# What _next_paced returns besides a task: parked, or look again.
+cdef object _PARKED_CHAT = object()
+cdef object _AGAIN = object()
 
 # What _call_searcher_locked returns when a new worker thread must start.
 cdef object _SPAWN = object()
@@ -326,6 +329,7 @@ cdef class RingBuffer:
 
 
 cdef class SendContext
+cdef class _Window
 
 
 @cython.final
@@ -347,6 +351,7 @@ cdef class ChatQueue(RingBuffer):
     cdef double _not_before     # monotonic time before which it may not start
     cdef bint _granted          # holds a start granted by the global line
     cdef bint _waited           # its next start had to wait for a limit
+    cdef _Window _window        # its rate-limit window, while alive
 
     def __init__(self, chat_id, Py_ssize_t capacity):
         RingBuffer.__init__(self, capacity)
@@ -368,6 +373,8 @@ cdef class _Window:
     cdef int _cap, _head, _len
     cdef object key
     cdef bint dead
+    cdef object expiry          # the timer's deque of windows of this period
+    cdef Py_ssize_t entries     # how many times this window is in it
 
     def __cinit__(self, limit, key=None):
         if limit is None:
@@ -590,6 +597,7 @@ cdef class DispatcherCore:
     cdef list _wakeups                # heap of (time, seq, ChatQueue): parked chats
     cdef long long _wakeup_seq
     cdef object _line                 # deque: chats waiting their turn (global limit)
+    cdef Py_ssize_t _line_len
     cdef long long _granted           # starts granted from the line, not yet taken
     cdef _Window _global_window
     cdef dict _windows                # chat_id -> _Window (outlives the chat's queue)
@@ -922,35 +930,31 @@ cdef class DispatcherCore:
 
     cdef int _drain_chat(self, ChatQueue q) except -1:
         cdef SendContext item
-        cdef bint rotate, idle
+        cdef bint rotate
         cdef int ran
         while True:
             if self._limited or q._not_before != 0.0 or self._pause_until != 0.0:
-                # Pacing: may this chat start its next task now?  If not, the
-                # chat is parked on the timer's schedule and this worker
-                # moves on: no thread ever sleeps for a limit.
+                found = self._next_paced(q)
+                if found is _PARKED_CHAT:
+                    return 0
+                if found is _AGAIN:
+                    continue
+                item = <SendContext>found
+            else:
                 with q._lock:
-                    idle = q._retry_item is None and q._count == 0
-                if not idle:
-                    try:
-                        if not self._admit(q):
-                            return 0
-                    except BaseException as exc:
-                        self._refuse_head(q, exc)
-                        continue
-            with q._lock:
-                item = q._retry_item
-                if item is not None:
-                    q._retry_item = None
-                    item._queue_len = q._count
-                elif q._count == 0:
-                    # Invariant 4: the empty queue leaves the map while its
-                    # lock is held, so a submitter's re-check cannot miss it.
-                    q._running = False
-                    self._remove_locked(q)
-                else:
-                    item = q._pop()
-                    item._queue_len = q._count
+                    item = q._retry_item
+                    if item is not None:
+                        q._retry_item = None
+                        item._queue_len = q._count
+                    elif q._count == 0:
+                        # Invariant 4: the empty queue leaves the map while
+                        # its lock is held, so a submitter's re-check cannot
+                        # miss it.
+                        q._running = False
+                        self._remove_locked(q)
+                    else:
+                        item = q._pop()
+                        item._queue_len = q._count
             if item is None:
                 break
             ran = self._run(item, q)
@@ -972,27 +976,69 @@ cdef class DispatcherCore:
 
     # ------------------------------------------------------------------ pacing
 
-    cdef bint _admit(self, ChatQueue q) except -1:
-        """May ``q`` start its next task now?  Else park it; return False.
+    cdef object _next_paced(self, ChatQueue q):
+        # The chat's next task if pacing lets it start now; _PARKED_CHAT if
+        # the chat was parked (the timer will hand it back: no worker
+        # sleeps for a limit); _AGAIN to look again; None once the chat is
+        # empty and removed.
+        cdef _Window window = q._window
+        cdef bint failed = False
+        cdef int admitted
+        cdef SendContext item
+        if self._chat_limits and (window is None or window.dead):
+            try:
+                window = q._window = self._chat_window(q.chat_id)
+            except BaseException as exc:
+                # limit_for, or the chat id's __hash__/__eq__, failed: the
+                # task it was asked for fails with that error.
+                if self._refuse_head(q, exc):
+                    return _AGAIN
+                window = None
+                failed = True
+        with q._lock:
+            if q._retry_item is None and q._count == 0:
+                q._running = False
+                self._remove_locked(q)
+                return None
+            if failed:
+                return _AGAIN  # a task arrived meanwhile: judge it again
+            admitted = self._admit_locked(q, window)
+            if admitted != 1:
+                return _AGAIN if admitted < 0 else _PARKED_CHAT
+            item = q._retry_item
+            if item is not None:
+                q._retry_item = None
+            else:
+                item = q._pop()
+            item._queue_len = q._count
+            return item
 
-        Called by the chat's worker only.  The checks and the recording of
-        the start are one step under _run_lock, so that no two starts can
-        both take the last place in a window.
+    cdef int _admit_locked(self, ChatQueue q, _Window window) except -2:
+        """May ``q`` start its next task now?  Else park it.
+
+        With ``q._lock`` held, by the chat's owner.  Returns 1 (start, and
+        the start is recorded), 0 (parked) or -1 (the chat's window was
+        forgotten meanwhile: fetch it again).  The checks and the recording
+        are one step under _run_lock, so that no two starts can both take
+        the last place in a window.
         """
-        cdef _Window window = None
         cdef _Window glob
         cdef double now, until, t
-        if self._chat_limits:
-            window = self._chat_window(q.chat_id)
         with self._run_lock:
             if FD_LOAD(&self._forced):
-                return True  # _run settles it as cancelled
+                return 1  # _run settles it as cancelled
+            if window is not None and window.dead:
+                q._window = None
+                return -1
             now = monotonic()
             # Time rules first: a retry delay, a global pause, the chat's
             # own window.  A chat that must wait for them waits alone.
             until = q._not_before
-            if self._pause_until > until:
-                until = self._pause_until
+            if self._pause_until != 0.0:
+                if self._pause_until <= now:
+                    self._pause_until = 0.0  # over: back to the fast path
+                elif self._pause_until > until:
+                    until = self._pause_until
             if window is not None and window.count:
                 t = window.next_start(0)
                 if t > until:
@@ -1004,7 +1050,7 @@ cdef class DispatcherCore:
                     q._granted = False
                     self._granted -= 1
                 self._park_locked(q, until)
-                return False
+                return 0
             q._not_before = 0.0
             # Then the global limit: chats take turns in one line.
             glob = self._global_window
@@ -1012,19 +1058,20 @@ cdef class DispatcherCore:
                 if q._granted:
                     q._granted = False
                     self._granted -= 1
-                elif len(self._line) or glob.next_start(self._granted) > now:
+                elif self._line_len or glob.next_start(self._granted) > now:
                     q._waited = True
                     self._line.append(q)
+                    self._line_len += 1
                     self._parked += 1
                     self._timer_needed_locked(glob.next_start(self._granted))
-                    return False
+                    return 0
                 glob.add(now)
             if window is not None:
                 self._record_locked(window, now)
             if q._waited:
                 q._waited = False
                 self._paced += 1
-        return True
+        return 1
 
     cdef _Window _chat_window(self, object chat_id):
         # The chat's live window, made on first use (limit_for runs here,
@@ -1050,19 +1097,21 @@ cdef class DispatcherCore:
         with self._run_lock:
             window = self._windows.get(chat_id)
             if window is None or window.dead:
+                expiry = self._expiry.get(fresh.per)
+                if expiry is None:
+                    expiry = self._expiry[fresh.per] = deque()
+                fresh.expiry = expiry
                 self._windows[chat_id] = window = fresh
         return window
 
     cdef int _record_locked(self, _Window window, double now) except -1:
         # A chat's start: into its window, and onto the timer's list of
-        # windows to forget once this start has left them.
+        # windows to forget once their last start has left them.
         window.add(now)
-        expiry = self._expiry.get(window.per)
-        if expiry is None:
-            expiry = self._expiry[window.per] = deque()
-        if not expiry:
+        if not window.expiry:
             self._timer_needed_locked(now + window.per)
-        expiry.append((now, window))
+        window.expiry.append(window)
+        window.entries += 1
         return 0
 
     cdef int _park_locked(self, ChatQueue q, double until) except -1:
@@ -1078,11 +1127,11 @@ cdef class DispatcherCore:
             if q._granted:
                 q._granted = False
                 self._granted -= 1
-                if len(self._line):
+                if self._line_len:
                     self._timer_needed_locked(0.0)
         return 0
 
-    cdef int _refuse_head(self, ChatQueue q, object exc) except -1:
+    cdef bint _refuse_head(self, ChatQueue q, object exc) except -1:
         # The limiter could not judge this chat (limit_for or the chat id's
         # __hash__/__eq__ failed): its next task fails with that error, the
         # chat goes on with the one after.
@@ -1094,7 +1143,7 @@ cdef class DispatcherCore:
             elif q._count:
                 item = q._pop()
         if item is None:
-            return 0
+            return False
         logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)
         if not isinstance(exc, Exception):
             exc = TypeError("pacing failed: %r" % (exc,))
@@ -1103,7 +1152,7 @@ cdef class DispatcherCore:
         else:
             self._finish(item, exc, C_FAILED)
             self._maybe_drained()
-        return 0
+        return True
 
     cdef int _remove_locked(self, ChatQueue q) except -1:
         # With q._lock held: take q out of the chat map.  A dict never
@@ -1437,30 +1486,32 @@ cdef class DispatcherCore:
             ready.append(_heappop(wakeups)[2])
             self._parked -= 1
         line = self._line
-        if len(line):
+        if self._line_len:
             if self._pause_until > now:
                 until = min(until, self._pause_until)
             else:
-                while len(line) and glob.next_start(self._granted) <= now:
+                while self._line_len and glob.next_start(self._granted) <= now:
                     q = line.popleft()
+                    self._line_len -= 1
                     q._granted = True
                     self._granted += 1
                     self._parked -= 1
                     ready.append(q)
-                if len(line):
+                if self._line_len:
                     until = min(until, glob.next_start(self._granted))
         for per_key, expiry in self._expiry.items():
-            # (start time, window) in start order; an entry is stale when
-            # its window started again since (a later entry stands for it).
+            # One entry per start, in start order; an entry is stale when
+            # its window has later ones (it started again since).
             per = per_key
             while expiry:
-                stamp = expiry[0][0]
-                window = expiry[0][1]
-                if stamp == window.last():
-                    if stamp + per > now:
-                        until = min(until, stamp + per)
+                window = expiry[0]
+                if window.entries == 1:
+                    stamp = window.last() + per
+                    if stamp > now:
+                        until = min(until, stamp)
                         break
                     self._forget_window_locked(window)
+                window.entries -= 1
                 expiry.popleft()
         return until
 
@@ -1526,6 +1577,7 @@ cdef class DispatcherCore:
             parked.extend(self._line)
             self._wakeups = []
             self._line.clear()
+            self._line_len = 0
             self._parked = self._granted = 0
             self._pause_until = 0.0
         for item in running:

@@ -1,5 +1,5 @@
-"""The Telegram benchmark: TelegramSender on fastdispatch against a user's naive
-alternative, over real HTTP to a FakeTelegramServer in another process.
+"""Bench section ``telegram``: TelegramSender on fastdispatch against a user's
+naive alternative, over real HTTP to a FakeTelegramServer in another process.
 
 Contenders (the same messages to the same server, in the same run):
 
@@ -25,6 +25,11 @@ sooner than ``((n - 1) // count) * per``).
 It also reports how many requests per second the FakeTelegramServer serves
 (another process, 16 client threads, one keep-alive connection each), so
 that the tests and the demo know it is not their bottleneck.
+
+``python -m fastdispatch bench --section telegram`` runs this section alone;
+``bench/bench_telegram.py`` runs the same workloads under pytest-benchmark.
+It needs the ``telegram`` extra (urllib3) and, for the naive baseline,
+``requests``; without them the section says what is missing.
 """
 
 import json
@@ -41,6 +46,12 @@ MESSAGES, CHATS, INFLIGHT = 3000, 300, 32
 SPEEDUP = 10.0
 PACED_MESSAGES, PACED_CHATS = 1200, 120
 TOKEN = "123456:bench"
+
+TITLE = ("Telegram over HTTP (FakeTelegramServer in another process; "
+         "ratios within this run)")
+# Seconds on two cores, (full, quick): 3 rounds of each contender (~1 s and
+# ~3 s), 3 paced runs of ~4 s, the server's rate (~2 s); quick: 1 of each.
+ESTIMATE = ((25, 60), (10, 25))
 
 TARGETS = (
     # label, key, op, bound
@@ -82,9 +93,9 @@ def _plan(messages, chats):
 
 def run_fastdispatch(base, messages=MESSAGES, chats=CHATS, inflight=INFLIGHT, pacing=None,
                      retry=None):
-    from . import OutboundDispatcher
-    from .platform import ChatInfo, SendRequest, TextMessage
-    from .telegram import TelegramSender
+    from .. import OutboundDispatcher
+    from ..platform import ChatInfo, SendRequest, TextMessage
+    from ..telegram import TelegramSender
 
     sender = TelegramSender(TOKEN, base_url=base, pool_size=inflight)
     sender.get_me()  # one connection up, as for the other contender's import
@@ -127,7 +138,7 @@ def run_paced(messages=PACED_MESSAGES, chats=PACED_CHATS, speedup=SPEEDUP):
     """Paced run against a server with Telegram's limits / speedup (its
     windows shortened by a fifth for the jitter between a paced start and the
     request's arrival; see docs/telegram.md)."""
-    from . import Pacing, RateLimit, RetryPolicy
+    from .. import Pacing, RateLimit, RetryPolicy
 
     per = 1.0 / speedup
     chat_limit, global_limit = RateLimit(1, per=per), RateLimit(30, per=per)
@@ -237,11 +248,53 @@ def format_report(f):
     return "\n".join(lines)
 
 
+def missing_dependencies():
+    """What this section needs and cannot import (empty when all is there)."""
+    missing = []
+    for name in ("urllib3", "requests"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def run(quick, progress):
+    """The section's rows: (measure, ours, baseline, ratio, target, verdict)."""
+    missing = missing_dependencies()
+    if missing:
+        return [("skipped: needs %s (pip install 'fastdispatch[telegram]' requests)"
+                 % " and ".join(missing), "", "", "", "", "")]
+    f = measure(1 if quick else 3, progress)
+    fd, naive, paced = f["fastdispatch"], f["naive"], f["paced"]
+    values = {
+        "throughput_ratio": ("%.0f/s" % fd["sends_per_s"], "%.0f/s" % naive["sends_per_s"]),
+        "cpu_ratio": ("%.0f us" % fd["cpu_us"], "%.0f us" % naive["cpu_us"]),
+        "paced_ratio": ("%.2f s" % paced["wall"], "%.2f s" % paced["bound"]),
+    }
+    rows = []
+    for label, key, op, bound in TARGETS:
+        ours, base = values[key]
+        value = f[key]
+        ok = value >= bound if op == ">=" else value <= bound
+        rows.append((label, ours, base, "%.2f" % value, "%s %g" % (op, bound),
+                     "met" if ok else "MISSED"))
+    rows.append(("429s met in the paced run (retried in order)", "%d" % paced["too_many"],
+                 "", "", "", "(info)"))
+    rows.append(("FakeTelegramServer requests/s (16 threads, keep-alive)",
+                 "%.0f/s" % f["server_rate"], "", "", "", "(info)"))
+    failed = fd["failed"] + naive["failed"] + paced["failed"]
+    if failed:
+        rows.append(("sends that failed (should be 0)", "%d" % failed, "", "", "", "MISSED"))
+    return rows
+
+
 def main(argv=None):
+    """``python -m fastdispatch.bench.telegram``: this section with a fuller report."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m fastdispatch.bench telegram",
+        prog="python -m fastdispatch.bench.telegram",
         description="TelegramSender on fastdispatch against requests.post from a thread "
                     "pool, over HTTP to a local FakeTelegramServer; and a paced run.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
