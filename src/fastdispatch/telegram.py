@@ -48,10 +48,10 @@ from urllib.parse import urlsplit
 
 try:
     import urllib3
-    from urllib3.exceptions import HTTPError as _Urllib3Error
-except ImportError as exc:  # pragma: no cover - depends on the installation
+except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError("fastdispatch.telegram needs urllib3: pip install "
-                      "'fastdispatch[telegram]'") from exc
+                      "'fastdispatch[telegram]'") from None
+from urllib3.exceptions import HTTPError as _Urllib3Error
 
 from ._errors import DispatcherError, RetryAfter
 from .platform import Capabilities, ChatInfo, Event, SenderInfo, SendResult
@@ -288,7 +288,8 @@ class TelegramSender:
                 "POST", self._prefix + method, body=body, headers=_JSON_HEADERS,
                 retries=False, redirect=False, assert_same_host=False,
                 timeout=urllib3.Timeout(connect=min(t, self.connect_timeout), read=t),
-                pool_timeout=t)
+                # urllib3 annotates int, but hands it to queue.get(timeout=): a float works
+                pool_timeout=t)  # type: ignore[arg-type]
             status, data = response.status, response.data
         except (_Urllib3Error, OSError) as exc:
             # Built here, raised below: outside this block, the new error has
@@ -420,14 +421,16 @@ def update_to_event(update: Any) -> Optional[Event]:
     chat_type = chat.get("type")
     title = chat.get("title")
     name = title if isinstance(title, str) and title else _display_name(chat)
-    user = message.get("from")
-    if not isinstance(user, dict):
-        user = message.get("sender_chat") if isinstance(message.get("sender_chat"), dict) else {}
+    user: Dict[str, Any] = {}
+    for key in ("from", "sender_chat"):
+        if isinstance(message.get(key), dict):
+            user = message[key]
+            break
     user_id = user.get("id")
+    user_title = user.get("title")
     sender = SenderInfo("" if isinstance(user_id, bool) or not isinstance(user_id, (int, str))
                         else str(user_id),
-                        _display_name(user) or (user.get("title") if isinstance(
-                            user.get("title"), str) else ""))
+                        _display_name(user) or (user_title if isinstance(user_title, str) else ""))
     message_id = message.get("message_id")
     return Event(platform="telegram",
                  chat=ChatInfo(str(chat_id), is_group=chat_type in ("group", "supergroup"),
@@ -500,8 +503,8 @@ class TelegramPoller:
         self._confirmed = offset
         self._capabilities = sender.capabilities()
         self._lock = threading.Lock()  # guards _conn and _thread
-        self._conn = None
-        self._thread = None
+        self._conn: Any = None
+        self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self.handled = 0  # updates given to the engine
         self.ignored = 0  # updates that were not text messages
@@ -522,9 +525,10 @@ class TelegramPoller:
             if self._thread is not None and self._thread.is_alive():
                 raise RuntimeError("the poller is already running")
             self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="fastdispatch-telegram-poller",
-                                            daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="fastdispatch-telegram-poller",
+                                      daemon=True)
+            self._thread = thread
+            thread.start()
         return self
 
     def stop(self, timeout: Optional[float] = None) -> bool:

@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Set
 from urllib.parse import parse_qsl, urlsplit
 
 from .pacing import RateLimit
@@ -203,6 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    fake: Any = None  # the FakeTelegramServer it serves
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
@@ -267,12 +268,12 @@ class FakeTelegramServer:
         self.latency = latency
         self.max_body = max_body
         self._host, self._port = host, port
-        self._server = None
-        self._thread = None
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()  # guards everything below
         self._updates_changed = threading.Condition(self._lock)
         self._rng = random.Random(seed)
-        self._connections = set()
+        self._connections: Set[socket.socket] = set()
         self._poll_generation = 0
         self._stopping = False
         self._reset_state()
@@ -306,9 +307,10 @@ class FakeTelegramServer:
         server.fake = self
         self._server = server
         self._stopping = False
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-telegram", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                  name="fake-telegram", daemon=True)
+        self._thread = thread
+        thread.start()
         return self
 
     def stop(self) -> None:
@@ -327,7 +329,8 @@ class FakeTelegramServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(5)
         self._server = None
 
     def __enter__(self) -> "FakeTelegramServer":
