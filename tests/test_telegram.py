@@ -663,3 +663,18 @@ def test_a_handler_may_stop_its_own_poller(server, sender):
         time.sleep(0.02)
     assert stopped == [False] and not poller.running
     assert server.pending_updates() == 1  # the first was confirmed, the second comes again
+
+
+def test_a_token_without_a_bot_id_shows_nothing_of_itself():
+    sender = TelegramSender("justasecretvalue", base_url="http://127.0.0.1:1")
+    assert "justasecretvalue" not in repr(sender) and sender.bot_id == "?"
+
+
+def test_errors_survive_pickling_with_their_fields():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(PlatformError(400, "Bad Request: x", {"a": 1}, "sendMessage")))
+    assert (err.status, err.description, err.parameters, err.method) == (
+        400, "Bad Request: x", {"a": 1}, "sendMessage")
+    net = pickle.loads(pickle.dumps(TelegramNetworkError("sendMessage", "reset", 502)))
+    assert (net.method, net.reason, net.status) == ("sendMessage", "reset", 502)

@@ -93,6 +93,9 @@ class PlatformError(DispatcherError):
         return "%s: Telegram answered %s: %s" % (self.method or "Bot API", self.status,
                                                  self.description)
 
+    def __reduce__(self):
+        return (type(self), (self.status, self.description, self.parameters, self.method))
+
 
 class TelegramNetworkError(ConnectionError):
     """The request may not have reached Telegram, or its answer did not
@@ -113,6 +116,9 @@ class TelegramNetworkError(ConnectionError):
 
     def __str__(self):
         return "%s: %s" % (self.method, self.reason)
+
+    def __reduce__(self):
+        return (type(self), (self.method, self.reason, self.status))
 
 
 # -- the token never reaches a log -------------------------------------------
@@ -246,7 +252,10 @@ class TelegramSender:
         self.base_url = base_url.rstrip("/")
         self.timeout = _check_seconds("timeout", timeout)
         self.connect_timeout = _check_seconds("connect_timeout", connect_timeout)
-        self.bot_id = token.split(":", 1)[0]
+        prefix, colon, _ = token.partition(":")
+        # The part before ":" is the bot's public user id; nothing else of
+        # the token is ever shown.
+        self.bot_id = prefix if colon and prefix.isdigit() else "?"
         self._prefix = "%s/bot%s/" % (parts.path.rstrip("/"), token)
         self._host, self._port, self._scheme = parts.hostname, parts.port, parts.scheme
         # One pool for every worker thread; retries=False: never retry here.
