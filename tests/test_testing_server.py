@@ -374,6 +374,10 @@ def test_bad_constructor_arguments_raise_naming_the_argument():
         FakeTelegramServer(tolerance=-1)
     with pytest.raises(ValueError, match="max_body"):
         FakeTelegramServer(max_body=0)
+    with pytest.raises(ValueError, match="latency"):
+        FakeTelegramServer(latency=-1)
+    with pytest.raises(ValueError, match="latency"):
+        FakeTelegramServer(latency=(0.2, 0.1))
 
 
 def test_command_line_serves_until_terminated():

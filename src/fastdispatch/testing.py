@@ -116,6 +116,18 @@ def _as_limit(name, value):
                     % (name, value))
 
 
+def _check_latency(latency):
+    def seconds(x):
+        return not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x < math.inf
+    if isinstance(latency, tuple) and len(latency) == 2 and all(map(seconds, latency)) \
+            and latency[0] <= latency[1]:
+        return (float(latency[0]), float(latency[1]))
+    if seconds(latency):
+        return float(latency)
+    raise ValueError("latency must be seconds >= 0 or a (low, high) tuple of them, got %r"
+                     % (latency,))
+
+
 def _is_group(chat_key):
     return chat_key[:1] == "-"
 
@@ -296,6 +308,15 @@ class FakeTelegramServer:
         self._restrictions = []
         self._admins = {}
         self._webhook = None
+
+    @property
+    def latency(self) -> Any:
+        """Seconds each answer is held back, or ``(low, high)``; settable."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, value: Any) -> None:
+        self._latency = _check_latency(value)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -592,7 +613,7 @@ class FakeTelegramServer:
         return self._finish(handler, 200, payload)
 
     def _delay(self):
-        latency = self.latency
+        latency = self._latency
         if isinstance(latency, tuple):
             with self._lock:
                 return self._rng.uniform(*latency)
