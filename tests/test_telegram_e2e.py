@@ -116,3 +116,53 @@ def test_the_telegram_example_runs_against_a_fake_server_without_a_token():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "FakeTelegramServer" in out.stdout
     assert "replies arrived in order: yes" in out.stdout
+
+
+def test_an_echo_bot_behind_a_webhook_replies_in_order(impl):
+    import http.client
+    import json
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from fastdispatch.telegram import webhook_app
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    with FakeTelegramServer() as server:
+        sender = TelegramSender(TOKEN, base_url=server.base_url)
+        engine = Engine(impl.OutboundDispatcher(max_inflight=8, retry=RetryPolicy()))
+
+        @engine.on(rules.on_command("echo"), block=True)
+        def echo(ctx):
+            ctx.reply_text(ctx.ext.get(rules.Command).args)
+
+        server.inject("too_many", 2, retry_after=0.05)  # replies meet a 429: retried in order
+        httpd = make_server("127.0.0.1", 0, webhook_app(engine, sender, secret_token="hook"),
+                            server_class=Server, handler_class=Quiet)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=10)
+            for i in range(30):
+                chat = 7 + i % 3
+                body = json.dumps({"update_id": 500 + i, "message": {
+                    "message_id": i, "text": "/echo %d" % i,
+                    "chat": {"id": chat, "type": "private"},
+                    "from": {"id": chat, "first_name": "U"}}}).encode()
+                conn.request("POST", "/", body=body, headers={
+                    "Content-Type": "application/json",
+                    "X-Telegram-Bot-Api-Secret-Token": "hook"})
+                resp = conn.getresponse()
+                resp.read()
+                assert resp.status == 200
+                conn.close()
+            assert engine.shutdown(20)
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+        for k, chat in enumerate((7, 8, 9)):
+            assert [m.text for m in server.messages(chat)] == [str(i) for i in range(k, 30, 3)]
