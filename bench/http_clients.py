@@ -6,7 +6,7 @@ Starts a FakeTelegramServer in a subprocess (so the server's CPU is not
 counted against the client), then, for each candidate client, sends
 ``sendMessage`` calls from ``--threads`` threads over one shared keep-alive
 pool and reports throughput and the client process's CPU time per request
-(user + system, from ``resource.getrusage``).  Every candidate is configured
+(user + system, from ``time.process_time()``).  Every candidate is configured
 the way TelegramSender needs it: one pool shared by all threads, no retries
 inside the client, a timeout per request, JSON in and out.  The candidates
 run in turn, twice each, in alternating order; the better of the two runs is
@@ -15,8 +15,7 @@ reported.  The numbers in docs/telegram.md come from this script.
 
 import argparse
 import json
-import os
-import resource
+import platform
 import subprocess
 import sys
 import threading
@@ -24,8 +23,7 @@ import time
 
 
 def _cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return time.process_time()  # user + system CPU of this process, every thread
 
 
 def make_urllib3(base, threads):
@@ -141,7 +139,7 @@ def main(argv=None):
     rows = measure(args.requests, args.threads, args.clients.split(","))
     base_cpu = min(r["cpu_us"] for r in rows)
     print("%d sendMessage calls from %d threads, one shared pool, server in another "
-          "process (%s, Python %s)" % (args.requests, args.threads, os.uname().machine,
+          "process (%s, Python %s)" % (args.requests, args.threads, platform.machine(),
                                        sys.version.split()[0]))
     print("%-9s %12s %16s %10s" % ("client", "requests/s", "client CPU/req", "CPU ratio"))
     for r in rows:

@@ -397,4 +397,5 @@ def test_command_line_serves_until_terminated():
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 0 and json.loads(out)["sent"] == 1
+    if sys.platform != "win32":  # terminate() is a SIGTERM only on POSIX
+        assert proc.returncode == 0 and json.loads(out)["sent"] == 1
