@@ -51,6 +51,7 @@ def record_memory():
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    _metrics_summary(terminalreporter)
     rows = report.ratio_rows(MEDIANS, MEMORY)
     if not rows:
         return
@@ -69,3 +70,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                   "%d" % MEMORY.get((impl, "retained-bytes"), -1)) for impl in impls]
         ).splitlines():
             tr.write_line(line)
+
+
+def _metrics_summary(tr):
+    # bench_metrics.py: metrics on / off, its own targets.
+    from fastdispatch.bench import metrics
+    rows = metrics.ratio_rows(MEDIANS)
+    if not rows:
+        return
+    tr.section(metrics.TITLE)
+    for line in report.format_table(report.HEADER, rows).splitlines():
+        tr.write_line(line)

@@ -13,7 +13,9 @@
 # The build (15-60 s on two cores: the C extension is compiled) runs
 # only when something it depends on changed: a stamp file in the venv keeps a
 # hash of src/, setup.py, pyproject.toml, MANIFEST.in and README.md, and the
-# extras installed.  demo installs [telegram]; test and bench [test,telegram].
+# extras installed.  demo installs [telegram] (it sends over HTTP); test and
+# bench install [test,prometheus,otel,telegram] (the metrics, tracing and
+# Telegram tests use the real libraries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +23,7 @@ cmd="${1:-}"
 shift || true
 case "$cmd" in
   demo) extras="telegram" ;;
-  test|bench) extras="test,telegram" ;;
+  test|bench) extras="test,prometheus,otel,telegram" ;;
   *) echo "usage: bash tools/dev.sh demo|test|bench [args...]" >&2; exit 2 ;;
 esac
 
