@@ -699,8 +699,10 @@ class DispatcherCore:
                         q.waited = True
             if until > now:
                 if q.granted:
+                    # Hand the granted start back to the line.
                     q.granted = False
                     self._granted -= 1
+                    self._timer_needed_locked(now)
                 self._park_locked(q, until)
                 return False
             q.not_before = 0.0
@@ -773,7 +775,7 @@ class DispatcherCore:
 
     def _return_grant(self, q):
         with self._run_lock:
-            if q.granted:
+            if q.granted and not self._forced:  # force_close() reset the line
                 q.granted = False
                 self._granted -= 1
                 if self._line:
@@ -1023,8 +1025,9 @@ class DispatcherCore:
             try:
                 self._start_timer()
             except BaseException:
+                # The OS refused a thread: the next caller tries again.
                 self._timer_started = False
-                raise
+                logger.exception("could not start the timer thread")
         elif when < self._timer_until:
             self._wake_timer_locked()
 
@@ -1136,6 +1139,10 @@ class DispatcherCore:
         try:
             if self._windows.get(window.key) is window:
                 del self._windows[window.key]
+                if not self._windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self._windows.clear()
         except BaseException:
             logger.exception("could not forget the rate-limit window of a chat")
 

@@ -1047,8 +1047,10 @@ cdef class DispatcherCore:
                         q._waited = True
             if until > now:
                 if q._granted:
+                    # Hand the granted start back to the line.
                     q._granted = False
                     self._granted -= 1
+                    self._timer_needed_locked(now)
                 self._park_locked(q, until)
                 return 0
             q._not_before = 0.0
@@ -1124,7 +1126,7 @@ cdef class DispatcherCore:
 
     cdef int _return_grant(self, ChatQueue q) except -1:
         with self._run_lock:
-            if q._granted:
+            if q._granted and not FD_LOAD(&self._forced):  # force_close() reset the line
                 q._granted = False
                 self._granted -= 1
                 if self._line_len:
@@ -1369,8 +1371,9 @@ cdef class DispatcherCore:
             try:
                 self._start_timer()
             except BaseException:
+                # The OS refused a thread: the next caller tries again.
                 self._timer_started = False
-                raise
+                logger.exception("could not start the timer thread")
         elif when < self._timer_until:
             self._wake_timer_locked()
         return 0
@@ -1524,6 +1527,10 @@ cdef class DispatcherCore:
         try:
             if self._windows.get(window.key) is window:
                 del self._windows[window.key]
+                if not self._windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self._windows.clear()
         except BaseException:
             logger.exception("could not forget the rate-limit window of a chat")
         return 0

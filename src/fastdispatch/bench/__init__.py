@@ -45,6 +45,7 @@ __all__ = ["SECTIONS", "main"]
 # Section modules of this package, in report order.  One line per section.
 SECTIONS = [
     "dispatcher",     # the per-chat dispatcher against its baselines: the targets
+    "pacing",         # rate limits and 429s: paced rate, parked chats, scopes
 ]
 
 
