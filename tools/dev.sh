@@ -14,15 +14,16 @@
 # The build (15-60 s on two cores: the C extension is compiled) runs
 # only when something it depends on changed: a stamp file in the venv keeps a
 # hash of src/, setup.py, pyproject.toml, MANIFEST.in and README.md, and the
-# extras installed.  demo needs no extras; test and bench install
-# [test,prometheus,otel] (the metrics and tracing tests use the real libraries).
+# extras installed.  demo installs [telegram] (it sends over HTTP); test and
+# bench install [test,prometheus,otel,telegram] (the metrics, tracing and
+# Telegram tests use the real libraries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd="${1:-}"
 shift || true
 # The extras the tests need (each subsystem's optional dependencies).
-test_extras="test,prometheus,otel"
+test_extras="test,prometheus,otel,telegram"
 
 # Free-threaded CPython (3.13t and later): the whole suite, then the stress
 # tests at soak length, with the GIL off; and proof that importing the
@@ -65,7 +66,7 @@ print("%s: GIL off after importing fastdispatch (compiled core)" % sys.version.s
 esac
 
 case "$cmd" in
-  demo) extras="" ;;
+  demo) extras="telegram" ;;
   test|bench) extras="$test_extras" ;;
   *) echo "usage: bash tools/dev.sh demo|test|bench|freethreaded [args...]" >&2; exit 2 ;;
 esac
