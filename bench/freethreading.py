@@ -9,7 +9,7 @@ Run (each interpreter must have fastdispatch installed with its compiled core):
 other.  A free-threaded interpreter is measured twice, with ``PYTHON_GIL=0``
 and with ``PYTHON_GIL=1``.
 
-The workload is ``fastdispatch._bench``'s ``e2e: submit 10k over 1000
+The workload is ``fastdispatch.bench.scenarios``'s ``e2e: submit 10k over 1000
 chats`` (``producers: N``): 10,000 no-op tasks round-robin over 1,000 chats,
 submitted from N threads that each wait for their Futures, on the compiled
 core with ``max_inflight=8``.  The floor is the same interpreter creating,
@@ -30,7 +30,7 @@ import sys
 
 CHILD = r"""
 import json, sys, sysconfig
-from fastdispatch import _bench
+from fastdispatch.bench import scenarios as _bench
 import fastdispatch
 rounds = int(sys.argv[1])
 assert fastdispatch.IMPLEMENTATION == "cython", fastdispatch.IMPLEMENTATION

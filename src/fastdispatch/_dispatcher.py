@@ -17,7 +17,6 @@ it started, the deadline thread included.
 """
 
 import itertools
-import logging
 import math
 import numbers
 import sys
@@ -28,8 +27,6 @@ from ._types import DispatcherHooks, DispatcherStats
 from .pacing import Pacing, RetryPolicy
 
 __all__ = ["build_dispatcher_class"]
-
-logger = logging.getLogger("fastdispatch")
 
 _HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected", "on_retry")
 
@@ -143,12 +140,11 @@ class _Lifecycle:
         try:
             thread.start()
         except BaseException:
-            # Called by a worker about to run a task: the task must run all
-            # the same.  Its deadline waits for the next task with a deadline,
-            # which tries to start the thread again.
+            # Never started: shutdown() must not try to join it.  The core
+            # logs the error, the task runs all the same, and the next
+            # deadline or wake-up tries to start the thread again.
             self._timer_thread = previous
-            self._timer_start_failed()
-            logger.exception("could not start the deadline thread")
+            raise
 
     def _notify_drained(self):
         with self._drained:
@@ -209,7 +205,6 @@ class _Lifecycle:
         (``fut.cancelled()``).  Threads still blocked in a send end when the
         send returns.  No task starts once this has returned.
         """
-        self._refuse_new_starts()
         self._cancel_everything()
         # Nothing can start any more: let the workers end as soon as their
         # current task returns, and end the deadline thread now.
@@ -236,10 +231,34 @@ class _Lifecycle:
             self.active_chats, self.inflight)
 
 
+# What Cython adds to an extension type for its own use; help() and dir()
+# of the dispatcher class leave it out.
+_CYTHON_NAMES = frozenset(("__pyx_vtable__", "__reduce_cython__", "__setstate_cython__"))
+
+
+class _DispatcherType(type):
+    """The dispatcher's metaclass: only ``__dir__``, so that ``help()`` shows the API.
+
+    pydoc lists what ``dir(cls)`` returns.  Instances are untouched: attribute
+    lookups and calls on a dispatcher do not go through the metaclass.
+    """
+
+    def __dir__(cls):
+        names = []
+        for name in type.__dir__(cls):
+            if name in _CYTHON_NAMES:
+                continue
+            value = getattr(cls, name, None)
+            if name in ("__reduce__", "__setstate__") and "cython" in getattr(value, "__name__", ""):
+                continue   # __reduce__ = __reduce_cython__: Cython's pickling refusal
+            names.append(name)
+        return names
+
+
 def build_dispatcher_class(core):
     """Return ``OutboundDispatcher`` built on ``core`` (a core module)."""
 
-    class OutboundDispatcher(_Lifecycle, core.DispatcherCore):
+    class OutboundDispatcher(_Lifecycle, core.DispatcherCore, metaclass=_DispatcherType):
         """Per-chat outbound dispatcher: FIFO within a chat, parallel across chats.
 
         ``OutboundDispatcher(*, max_inflight=512, queue_size=64,
@@ -259,7 +278,8 @@ def build_dispatcher_class(core):
           ``RetryAfter`` (with ``RetryPolicy()``'s limits) and retries
           nothing else.
 
-        See ``docs/dispatcher.md`` for the guarantees and the design.
+        Guarantees and design:
+        https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md
         """
 
     OutboundDispatcher.__module__ = "fastdispatch"
