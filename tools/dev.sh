@@ -44,9 +44,11 @@ case "$cmd" in
       "$VENV/bin/python" -m pip install --quiet --upgrade pip
     fi
     py="$VENV/bin/python"
-    # --prefer-binary: a test dependency's newest release may exist only as an
-    # sdist needing a toolchain for the free-threaded ABI; take its last wheel.
-    FASTDISPATCH_REQUIRE_EXTENSIONS=1 "$py" -m pip install --quiet --prefer-binary ".[$test_extras]"
+    # --only-binary: a test dependency (or one of its own) may exist for the
+    # free-threaded ABI only as an sdist that needs a Rust toolchain; pip
+    # then takes the newest release that has a wheel (this checkout itself
+    # is still built from source).
+    FASTDISPATCH_REQUIRE_EXTENSIONS=1 "$py" -m pip install --quiet --only-binary :all: ".[$test_extras]"
     # Without PYTHON_GIL=0 (which would force the GIL off whatever the
     # extension says): an extension not declared free-threading compatible
     # would turn it back on at import, with a RuntimeWarning.
