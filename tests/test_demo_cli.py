@@ -45,3 +45,41 @@ def test_bad_demo_arguments_are_usage_errors_not_tracebacks(args, complaint):
     out = demo(*args)
     assert out.returncode == 2
     assert complaint in out.stderr and "Traceback" not in out.stderr
+
+
+def test_demo_serves_its_metrics_while_it_runs():
+    """``--metrics-port``: a real Prometheus exposition of the run, scraped over HTTP."""
+    import re
+    import urllib.request
+    pytest.importorskip("prometheus_client")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastdispatch", "demo", "--messages", "300", "--chats", "30",
+         "--speedup", "20", "--metrics-port", "0", "--metrics-linger", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        lingering = False
+        for line in proc.stdout:
+            found = re.search(r"(http://127\.0\.0\.1:\d+/metrics)", line)
+            if found and url is None:
+                url = found.group(1)
+            if "metrics stay up" in line:
+                lingering = True
+                break
+        assert url and lingering, "the demo did not announce its metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    completed = re.search(r'^fastdispatch_tasks_total\{dispatcher="demo",outcome="completed"\} '
+                          r'(\S+)$', text, re.M)
+    assert completed and float(completed.group(1)) == 300.0, text[:2000]
+    for family in ("fastdispatch_paced_total", "fastdispatch_queue_latency_seconds_bucket",
+                   "fastdispatch_parked_chats", "fastdispatch_inflight"):
+        assert family in text
+
+
+def test_metrics_port_must_be_a_port():
+    out = demo("--metrics-port", "70000")
+    assert out.returncode == 2 and "--metrics-port" in out.stderr

@@ -155,8 +155,23 @@ def run(args, out):
     with server:
         sender = TelegramSender("123456:demo", base_url=server.base_url,
                                 pool_size=args.max_inflight)
+        metrics_server = None
+        hooks = None
+        if args.metrics_port is not None:
+            # Prometheus metrics of this run (fastdispatch[prometheus]).
+            from prometheus_client import CollectorRegistry
+
+            from .metrics import PrometheusMetrics, serve
+            registry = CollectorRegistry()
+            metrics = PrometheusMetrics(registry)
+            hooks = metrics.hooks("demo")
         d = OutboundDispatcher(max_inflight=args.max_inflight, queue_size=max(counts.values()),
-                               send_timeout=30.0, pacing=pacing, retry=retry)
+                               send_timeout=30.0, pacing=pacing, retry=retry, hooks=hooks)
+        if args.metrics_port is not None:
+            metrics.track(d, "demo", max_inflight=args.max_inflight)
+            metrics_server = serve(args.metrics_port, registry)
+            out.write("  metrics         %s (Prometheus; kept up until the summary)\n"
+                      % (metrics_server.url,))
         started = time.monotonic()
         futures = [[] for _ in range(args.producers)]
         threads = [threading.Thread(target=produce, args=(i, futures[i]))
@@ -173,6 +188,11 @@ def run(args, out):
         for t in threads:
             t.join()
         ok_drain = d.shutdown(timeout=30)
+        if metrics_server is not None and args.metrics_linger:
+            out.write("\n  metrics stay up for %g s at %s\n"
+                      % (args.metrics_linger, metrics_server.url))
+            out.flush()
+            time.sleep(args.metrics_linger)
         elapsed = time.monotonic() - started
         out.write(_bar(done[0], total, started) + "\n")
         sender.close()
@@ -238,6 +258,8 @@ def run(args, out):
                   "limit:\n        they left more than %.0f ms after their paced start (a busy "
                   "machine);\n        the dispatcher retried them in order.\n"
                   % (server_stats["too_many"], 1000 * tolerance))
+    if metrics_server is not None:
+        metrics_server.stop()
     out.write("\n%s\n" % ("all checks passed" if ok else "CHECKS FAILED"))
     return 0 if ok else 1
 
@@ -250,6 +272,18 @@ def _int_at_least(low):
             raise argparse.ArgumentTypeError("%r is not an integer" % (text,)) from None
         if value < low:
             raise argparse.ArgumentTypeError("must be at least %d, got %d" % (low, value))
+        return value
+    return parse
+
+
+def _int_in_range(low, high):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not an integer" % (text,)) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError("must be from %d to %d, got %d" % (low, high, value))
         return value
     return parse
 
@@ -298,6 +332,13 @@ def build_parser():
     parser.add_argument("--tolerance", type=_float_in(0, 0.5), default=0.2,
                         help="the server shortens its windows by this share of the shortest "
                              "window, for scheduling jitter")
+    parser.add_argument("--metrics-port", type=_int_in_range(0, 65535), default=None,
+                        metavar="PORT",
+                        help="serve Prometheus metrics of the run on 127.0.0.1:PORT "
+                             "(0: any free port; needs fastdispatch[prometheus])")
+    parser.add_argument("--metrics-linger", type=_float_in(0, 3600), default=0.0,
+                        metavar="SECONDS",
+                        help="with --metrics-port: keep serving this long after the run")
     parser.add_argument("--seed", type=int, default=1, help="random seed")
     parser.add_argument("--give-up", type=_float_in(0, 86400, low_open=True), default=300.0,
                         metavar="SECONDS", help="stop waiting after this long")
@@ -319,4 +360,10 @@ def main(argv=None):
         import urllib3  # noqa: F401
     except ImportError:
         parser.exit(2, "the demo needs the telegram extra: pip install 'fastdispatch[telegram]'\n")
+    if args.metrics_port is not None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            parser.exit(2, "--metrics-port needs the prometheus extra: "
+                           "pip install 'fastdispatch[prometheus]'\n")
     return run(args, sys.stdout)
