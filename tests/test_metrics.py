@@ -509,3 +509,36 @@ def test_dashboard_and_docs_name_only_exported_families(make_dispatcher, metrics
     assert named and named <= exported, sorted(named - exported)
     assert {"fastdispatch_tasks_total", "fastdispatch_queue_latency_seconds_bucket",
             "fastdispatch_parked_chats", "fastdispatch_max_inflight"} <= named
+
+
+def test_latency_histogram_counts_every_started_task_on_both_cores(make_dispatcher):
+    """The compiled core fills a LatencyHistogram from C; the twin calls it as a hook.
+
+    Either way each task that started is counted once in both histograms, a
+    task cancelled before it started is not, and the sums are the latencies.
+    """
+    ringbuf = pytest.importorskip("fastdispatch._ringbuf")
+    from fastdispatch import DispatcherHooks
+    hist = ringbuf.LatencyHistogram([0.001, 0.01, 0.05, 1.0])
+    d = make_dispatcher(max_inflight=2, hooks=DispatcherHooks(on_done=hist))
+    gate = threading.Event()
+    d.submit("held", lambda sc: gate.wait(5))
+    blocked = d.submit("held", lambda sc: None)
+    cancelled = d.submit("held", lambda sc: None)
+    assert cancelled.cancel()
+    futs = [d.submit(i, lambda sc: time.sleep(0.02)) for i in range(6)]
+    for f in futs:
+        f.result(timeout=5)
+    gate.set()
+    blocked.result(timeout=5)
+    assert d.drain(timeout=5)
+    values = hist.snapshot()
+    width = len(hist.bounds) + 1
+    queue, run, queue_sum, run_sum = (values[:width], values[width:2 * width],
+                                      values[-2], values[-1])
+    assert sum(queue) == sum(run) == 8          # 6 sleepers, the gate, the one behind it
+    assert run[2] >= 6                          # 20 ms sends: in (0.01, 0.05]
+    assert 6 * 0.02 <= run_sum < 10.0
+    assert queue_sum >= 0.0
+    with pytest.raises(ValueError):
+        ringbuf.LatencyHistogram([])

@@ -8,14 +8,14 @@ not for use by applications.
 
 import logging
 from concurrent.futures import Future
-from typing import Any, Callable, Hashable, List, Optional, Tuple, TypeVar, final
+from typing import Any, Callable, Hashable, Iterable, List, Optional, Tuple, TypeVar, final
 
-from ._types import DispatcherHooks
+from ._types import DispatcherHooks, DispatchInfo
 from .pacing import Pacing, RetryPolicy
 
 _T = TypeVar("_T")
 
-__all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
+__all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore", "LatencyHistogram"]
 
 logger: logging.Logger
 
@@ -56,6 +56,16 @@ class SendContext:
     def cancelled(self) -> bool: ...
     def wait(self, timeout: Optional[float] = None) -> bool: ...
     def check(self) -> None: ...
+
+@final
+class LatencyHistogram:
+    """Queue- and run-latency histograms kept by the compiled core itself."""
+
+    def __init__(self, bounds: Iterable[float]) -> None: ...
+    def __call__(self, info: DispatchInfo) -> None: ...
+    @property
+    def bounds(self) -> List[float]: ...
+    def snapshot(self) -> List[float]: ...
 
 class DispatcherCore:
     """The per-chat queues, the worker loop and the deadline loop."""

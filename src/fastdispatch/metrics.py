@@ -75,6 +75,11 @@ except ImportError:  # pragma: no cover - exercised where the extra is absent
     _DEFAULT_REGISTRY = None  # type: ignore[assignment]
     _start_http_server = None  # type: ignore[assignment]
 
+try:  # the compiled core records latencies itself, with no Python per task
+    from ._ringbuf import LatencyHistogram as _LatencyHistogram
+except ImportError:  # the pure-Python twin only: the hook below does it
+    _LatencyHistogram = None
+
 try:  # ``pip install fastdispatch[otel]``
     from opentelemetry import context as _otel_context
     from opentelemetry import trace as _otel_trace
@@ -148,6 +153,7 @@ class _Series:
         self._lock = threading.RLock()
         self._live = {}                     # weakref to a thread's _Holder -> its cell
         self._retired = self._new_list()    # cells of threads that ended
+        self.recorders = []                 # the compiled core's LatencyHistograms
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
         self.retries = dict.fromkeys(RETRY_CAUSES, 0)
 
@@ -182,6 +188,10 @@ class _Series:
             for cell in list(self._live.values()):
                 for i, value in enumerate(list(cell)):
                     total[i] += value
+            recorders = list(self.recorders)
+        for recorder in recorders:
+            for i, value in enumerate(recorder.snapshot()):
+                total[i] += value
         return total
 
     def count(self, table, key):
@@ -190,8 +200,17 @@ class _Series:
 
 
 def _make_on_done(series):
-    # The per-task hot path: keep it to local lookups, two bisects and four
-    # list stores.  A task that never started (cancelled while waiting, or
+    # With the compiled core: a LatencyHistogram, which that core recognises
+    # as its on_done and fills from C (no DispatchInfo, no Python call per
+    # task); any other caller (the pure-Python twin, a composed user hook)
+    # calls it with the DispatchInfo like any hook.
+    if _LatencyHistogram is not None:
+        recorder = _LatencyHistogram(series.bounds)
+        with series._lock:
+            series.recorders.append(recorder)
+        return recorder
+    # Without it, the per-task hot path: keep it to local lookups, two
+    # bisects and four list stores.  A task that never started (cancelled while waiting, or
     # discarded after a panic of its chat) has run_latency 0.0 and an error:
     # it is counted by fastdispatch_tasks_total, not in the histograms.
     local = series.local
