@@ -26,7 +26,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
 py="$VENV/bin/python"
-FASTDISPATCH_REQUIRE_EXTENSIONS=1 "$py" -m pip install --quiet ".[test]"
+FASTDISPATCH_REQUIRE_EXTENSIONS=1 "$py" -m pip install --quiet ".[test,cluster]"
 
 case "$cmd" in
   demo)
