@@ -155,12 +155,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m fastdispatch.cluster demo",
                                 description="The kill test on one machine.")
     p.add_argument("--messages", type=int, default=6000)
-    p.add_argument("--chats", type=int, default=120)
+    p.add_argument("--chats", type=int, default=150)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--global-limit", default="250/1")
-    p.add_argument("--chat-limit", default="5/1")
+    p.add_argument("--chat-limit", default="10/1")
     p.add_argument("--latency", type=float, default=0.005, help="simulated send time (s)")
-    p.add_argument("--ack-wait", type=float, default=3.0)
+    p.add_argument("--ack-wait", type=float, default=2.0)
     p.add_argument("--kill-at", type=float, default=0.4,
                    help="kill one worker when this share of the messages was sent")
     args = p.parse_args(argv)

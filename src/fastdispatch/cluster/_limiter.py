@@ -158,7 +158,7 @@ class SharedLimiter:
         again instead of sending on a stale yes.
         """
         member = uuid.uuid4().hex
-        fresh = self.guard / 2.0
+        fresh = self.guard / 2.0 if self.guard > 0 else float("inf")
         t0 = monotonic()
         ok, wait = self._call(chat_id, "reserve", member, max_wait)
         if not ok:

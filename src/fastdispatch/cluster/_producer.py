@@ -12,6 +12,7 @@ key twice within the stream's duplicate window (2 minutes) stores it once,
 so a caller may safely retry a ``publish`` whose outcome it did not learn.
 """
 
+import asyncio
 import uuid
 
 from ._loop import LoopThread
@@ -71,16 +72,23 @@ class ClusterProducer:
     async def _connect(self, connect_timeout, ack_wait):
         import nats
 
-        async def quiet(exc):  # nats-py logs through this callback only
-            pass
+        errors = []
+
+        async def remember(exc):  # nats-py reports each failed attempt here
+            errors.append(exc)
 
         try:
-            nc = await nats.connect(self.nats_url, connect_timeout=connect_timeout,
-                                    max_reconnect_attempts=-1, allow_reconnect=True,
-                                    error_cb=quiet)
-        except Exception as exc:
+            # nats-py retries an unreachable server by itself (and reconnects
+            # later on); the first connection gets connect_timeout in all.
+            nc = await asyncio.wait_for(
+                nats.connect(self.nats_url, connect_timeout=connect_timeout,
+                             max_reconnect_attempts=-1, allow_reconnect=True,
+                             reconnect_time_wait=0.5, error_cb=remember),
+                connect_timeout)
+        except (Exception, asyncio.TimeoutError) as exc:
+            cause = errors[-1] if errors else exc
             raise ClusterUnavailable("cannot reach NATS at %s: %s"
-                                     % (self.nats_url, exc or type(exc).__name__)) from exc
+                                     % (self.nats_url, cause or type(cause).__name__)) from exc
         js = nc.jetstream(timeout=self._publish_timeout)
         try:
             await ensure_topology(js, self.stream, self.shards, ack_wait=ack_wait)

@@ -65,6 +65,7 @@ __all__ = ["ClusterWorker", "WorkerStats"]
 log = logging.getLogger("fastdispatch.cluster")
 
 HDR_DELIVERIES = "Fd-Deliveries"
+NATS_RETRY_WAIT = 2.0
 
 
 class _RedisDown(Exception):
@@ -243,10 +244,23 @@ class ClusterWorker:
             return self._stopping
 
     async def _connect_nats(self):
+        """Connect, waiting as long as it takes; None if a stop came first.
+
+        nats-py itself retries an unreachable server (every
+        ``reconnect_time_wait`` seconds, with jitter) and reconnects after a
+        lost connection, forever here (``max_reconnect_attempts=-1``); each
+        failed attempt comes to ``error_cb``, which says what and where.
+        """
         import nats
 
+        connected = False
+
         async def on_error(exc):
-            self._warn("nats", "NATS at %s: %s", self.nats_url, exc or type(exc).__name__)
+            if not connected:
+                self._warn("nats", "cannot reach NATS at %s (%s); retrying every %.0f s",
+                           self.nats_url, exc or type(exc).__name__, NATS_RETRY_WAIT)
+            else:
+                self._warn("nats", "NATS at %s: %s", self.nats_url, exc or type(exc).__name__)
 
         async def on_disconnect():
             if self._stopping:
@@ -257,21 +271,21 @@ class ClusterWorker:
         async def on_reconnect():
             log.info("reconnected to NATS at %s", self.nats_url)
 
-        backoff = _Backoff()
-        while not self._stopping:
-            try:
-                return await nats.connect(
-                    self.nats_url, connect_timeout=2, allow_reconnect=True,
-                    max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                    error_cb=on_error, disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect)
-            except Exception as exc:
-                delay = backoff.delay()
-                log.error("cannot reach NATS at %s (%s); retrying in %.1f s",
-                          self.nats_url, exc or type(exc).__name__, delay)
-                if await self._sleep_or_stop(delay):
-                    break
-        return None
+        connect = asyncio.ensure_future(nats.connect(
+            self.nats_url, connect_timeout=2, allow_reconnect=True,
+            max_reconnect_attempts=-1, reconnect_time_wait=NATS_RETRY_WAIT,
+            error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect))
+        stop = asyncio.ensure_future(self._stop_event.wait())
+        await asyncio.wait({connect, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not connect.done():
+            connect.cancel()
+            await asyncio.gather(connect, return_exceptions=True)
+            return None
+        nc = connect.result()
+        connected = True
+        log.info("connected to NATS at %s", self.nats_url)
+        return nc
 
     async def _connect_redis(self):
         import redis
