@@ -19,19 +19,35 @@ def _flag(name):
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that falls back to pure Python instead of failing the install."""
+    """build_ext that falls back to pure Python instead of failing the install.
+
+    It never ships an extension that this build did not compile: whatever an
+    earlier build left in ``build/`` (a checkout reinstalled with pip builds
+    in place) is removed before compiling, so neither a failed compile nor
+    setuptools' "up to date" check can fall back onto an old binary.
+    """
 
     def run(self):
+        for ext in self.extensions:
+            self._remove_output(ext)
         try:
             super().run()
         except Exception as exc:  # no compiler, no headers, ...
+            for ext in self.extensions:
+                self._remove_output(ext)
             self._fallback(exc)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as exc:
+            self._remove_output(ext)
             self._fallback(exc)
+
+    def _remove_output(self, ext):
+        path = self.get_ext_fullpath(ext.name)
+        if os.path.exists(path):
+            os.remove(path)
 
     def _fallback(self, exc):
         if _flag("FASTDISPATCH_REQUIRE_EXTENSIONS"):

@@ -3,7 +3,7 @@
 Run:  python -m pytest bench/ --benchmark-only
       (just these: python -m pytest bench/bench_dispatcher.py --benchmark-only)
 
-The workloads and the contenders live in ``fastdispatch._bench`` (shared with
+The workloads and the contenders live in ``fastdispatch.bench`` (shared with
 ``python -m fastdispatch bench``); every group holds the same workload on:
 
 - ``fastdispatch``       the Cython core, 8 worker threads;
@@ -36,11 +36,11 @@ The conftest prints those ratios against the targets at the end of the run.
 
 import pytest
 
-from fastdispatch import _bench
+from fastdispatch.bench import contenders, memory, scenarios
 
 CASES = [
     pytest.param(group, impl, rounds, id="%s|%s" % (group, impl))
-    for group, (_, impls, rounds, _) in _bench.SCENARIOS.items()
+    for group, (_, impls, rounds, _) in scenarios.SCENARIOS.items()
     for impl in impls
 ]
 
@@ -49,9 +49,9 @@ CASES = [
 def test_dispatch(benchmark, record_median, group, impl, rounds):
     benchmark.group = group
     benchmark.name = impl
-    scenario = _bench.make_scenario(group, impl)
+    scenario = scenarios.make_scenario(group, impl)
     benchmark.extra_info["ops_per_round"] = scenario.ops
-    benchmark.extra_info["contender"] = _bench.IMPL_LABELS.get(impl, impl)
+    benchmark.extra_info["contender"] = contenders.IMPL_LABELS.get(impl, impl)
     try:
         benchmark.pedantic(scenario.run, setup=scenario.prepare, rounds=rounds,
                            warmup_rounds=1 if rounds <= 5 else 2)
@@ -60,7 +60,7 @@ def test_dispatch(benchmark, record_median, group, impl, rounds):
     record_median(group, impl)
 
 
-@pytest.mark.parametrize("impl", _bench.MEMORY_IMPLS)
+@pytest.mark.parametrize("impl", memory.MEMORY_IMPLS)
 def test_memory(benchmark, record_memory, impl):
     """Bytes per queued ``post`` task, and what 100k drained chats leave behind."""
     benchmark.group = "memory (tracemalloc; see extra_info, not the times)"
@@ -68,8 +68,8 @@ def test_memory(benchmark, record_memory, impl):
     results = {}
 
     def measure():
-        results["post-bytes"] = _bench.queued_post_bytes(impl)
-        results["retained-bytes"] = _bench.retained_after_chats(impl)
+        results["post-bytes"] = memory.queued_post_bytes(impl)
+        results["retained-bytes"] = memory.retained_after_chats(impl)
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     benchmark.extra_info.update(results)

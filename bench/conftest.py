@@ -14,7 +14,7 @@ Nothing is asserted on times: the table is the result.
 
 import pytest
 
-from fastdispatch import _bench
+from fastdispatch.bench import report
 
 # (group, contender) -> median seconds; (contender, what) -> bytes.
 MEDIANS = {}
@@ -51,21 +51,33 @@ def record_memory():
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    rows = _bench.ratio_rows(MEDIANS, MEMORY)
+    _metrics_summary(terminalreporter)
+    rows = report.ratio_rows(MEDIANS, MEMORY)
     if not rows:
         return
     tr = terminalreporter
     tr.section("fastdispatch targets (medians; ratios within this run)")
-    tr.write_line(_bench.describe_machine())
-    for line in _bench.format_table(
+    tr.write_line(report.describe_machine())
+    for line in report.format_table(
             ("measure", "ours", "baseline", "ratio", "target", ""), rows).splitlines():
         tr.write_line(line)
     if MEMORY:
         tr.write_line("")
         impls = sorted({impl for impl, _ in MEMORY})
-        for line in _bench.format_table(
+        for line in report.format_table(
                 ("memory (tracemalloc)", "bytes / queued post", "retained after 100k chats"),
                 [(impl, "%.0f" % MEMORY.get((impl, "post-bytes"), float("nan")),
                   "%d" % MEMORY.get((impl, "retained-bytes"), -1)) for impl in impls]
         ).splitlines():
             tr.write_line(line)
+
+
+def _metrics_summary(tr):
+    # bench_metrics.py: metrics on / off, its own targets.
+    from fastdispatch.bench import metrics
+    rows = metrics.ratio_rows(MEDIANS)
+    if not rows:
+        return
+    tr.section(metrics.TITLE)
+    for line in report.format_table(report.HEADER, rows).splitlines():
+        tr.write_line(line)

@@ -2,10 +2,11 @@
 
 Run:  python bench/instructions.py            (needs valgrind; ~4 minutes)
       python bench/instructions.py --quick    (submit/post only, ~1 minute)
+      python bench/instructions.py --pacing   (a paced task against one not paced)
 
 Wall-clock ratios on a shared two-core machine move with the neighbours'
 load and with the allocator's state; instruction counts do not.  Each
-contender runs the scenario of ``fastdispatch._bench`` under callgrind
+contender runs the scenario of ``fastdispatch.bench.scenarios`` under callgrind
 twice, with ``1`` and ``1 + rounds`` rounds, and the difference divided by
 ``rounds * ops`` is the cost of one operation:
 
@@ -27,15 +28,41 @@ import tempfile
 
 RUNNER = r"""
 import sys
-from fastdispatch import _bench
+from fastdispatch.bench import scenarios
 group, impl, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-scenario = _bench.make_scenario(group, impl)
+scenario = scenarios.make_scenario(group, impl)
 timed = compile("scenario.run()", "<timed>", "exec")
 for _ in range(rounds):
     scenario.setup()
     exec(timed)
 scenario.close()
 """
+
+# Pacing: the whole life of 10,000 no-op posts over 1,000 chats on one
+# worker, with the queues filled while the worker is held at a gate (so the
+# count does not depend on how producer and worker interleave), without
+# pacing and with limits that never bind (the cost of the checks alone).
+PACING_RUNNER = r"""
+import sys, threading
+from fastdispatch import OutboundDispatcher, Pacing, RateLimit
+mode, rounds = sys.argv[1], int(sys.argv[3])
+kwargs = {}
+if mode == "paced":
+    kwargs["pacing"] = Pacing(global_limit=RateLimit(1_000_000, per=1.0),
+                              chat_limit=RateLimit(1_000, per=1.0))
+sys.setswitchinterval(1.0)
+d = OutboundDispatcher(max_inflight=1, **kwargs)
+noop = lambda sc: None
+for _ in range(rounds):
+    gate = threading.Event()
+    d.post("gate", lambda sc: gate.wait())
+    for i in range(10_000):
+        d.post(i % 1_000, noop)
+    gate.set()
+    d.drain()
+d.shutdown()
+"""
+PACING_OPS = 10_000
 
 # (group, contenders, only the timed call?)
 PLAN = (
@@ -48,13 +75,13 @@ PLAN = (
 )
 
 
-def collected(group, impl, rounds, timed_only):
+def collected(group, impl, rounds, timed_only, runner=RUNNER):
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["valgrind", "--tool=callgrind",
                "--callgrind-out-file=" + os.path.join(tmp, "cg.out")]
         if timed_only:
             cmd.append("--toggle-collect=builtin_exec")
-        cmd += [sys.executable, "-c", RUNNER, group, impl, str(rounds)]
+        cmd += [sys.executable, "-c", runner, group, impl, str(rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     found = re.search(r"Collected : (\d+)", proc.stderr)
     if proc.returncode or not found:
@@ -68,15 +95,20 @@ def main(argv=None):
                         help="rounds counted beyond the first (default 2)")
     parser.add_argument("--quick", action="store_true",
                         help="only the submit-side scenarios")
+    parser.add_argument("--pacing", action="store_true",
+                        help="only the cost of pacing: a task paced (limits that never "
+                             "bind) against one not paced, whole process, ~1 minute")
     args = parser.parse_args(argv)
-    from fastdispatch import _bench
+    if args.pacing:
+        return pacing_cost(args.rounds)
+    from fastdispatch.bench import report, scenarios
 
     plan = PLAN[:2] if args.quick else PLAN
-    print("instructions per operation (callgrind); %s" % _bench.describe_machine())
+    print("instructions per operation (callgrind); %s" % report.describe_machine())
     for group, impls, timed_only in plan:
         per_op = {}
         for impl in impls:
-            scenario = _bench.make_scenario(group, impl)
+            scenario = scenarios.make_scenario(group, impl)
             n_ops = scenario.ops
             scenario.close()
             base = collected(group, impl, 1, timed_only)
@@ -87,7 +119,23 @@ def main(argv=None):
         rows = [(impl, "%.0f" % v, "" if not ref else "%.2f" % (v / ref))
                 for impl, v in per_op.items()]
         print("\n%s  (%s)" % (group, "timed call only" if timed_only else "all threads"))
-        print(_bench.format_table(("contender", "instructions / op", "x floor"), rows))
+        print(report.format_table(("contender", "instructions / op", "x floor"), rows))
+    return 0
+
+
+def pacing_cost(rounds):
+    from fastdispatch.bench import report
+    print("instructions per task, whole process (callgrind); %s" % report.describe_machine())
+    per_task = {}
+    for mode in ("plain", "paced"):
+        base = collected(mode, "-", 1, False, runner=PACING_RUNNER)
+        more = collected(mode, "-", 1 + rounds, False, runner=PACING_RUNNER)
+        per_task[mode] = (more - base) / (rounds * PACING_OPS)
+    rows = [("no pacing", "%.0f" % per_task["plain"], "1.00"),
+            ("paced (global + chat limits, never binding)", "%.0f" % per_task["paced"],
+             "%.2f" % (per_task["paced"] / per_task["plain"]))]
+    print("\ne2e: post 10k over 1000 chats, one worker (all threads)")
+    print(report.format_table(("dispatcher", "instructions / task", "x no pacing"), rows))
     return 0
 
 

@@ -9,24 +9,96 @@
 # VENV (default .venv) and PYTHON (default python3) choose where and with
 # which interpreter.  The package is installed (not editable) with its C
 # extension required, so the tests exercise what a user's pip would build.
+#
+# The build (15-60 s on two cores: the C extension is compiled) runs
+# only when something it depends on changed: a stamp file in the venv keeps a
+# hash of src/, setup.py, pyproject.toml, MANIFEST.in and README.md, and the
+# extras installed.  demo needs no extras; test and bench install
+# [test,prometheus,otel,cluster] (the metrics, tracing and cluster tests use the
+# real libraries and servers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd="${1:-}"
 shift || true
 case "$cmd" in
-  demo|test|bench) ;;
+  demo) extras="" ;;
+  test|bench) extras="test,prometheus,otel,cluster" ;;
   *) echo "usage: bash tools/dev.sh demo|test|bench [args...]" >&2; exit 2 ;;
 esac
 
+say() { echo "dev.sh: $*" >&2; }
+
 VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
-if [ ! -x "$VENV/bin/python" ]; then
+venv_python() {
+  if [ -x "$VENV/bin/python" ]; then echo "$VENV/bin/python"
+  elif [ -x "$VENV/Scripts/python.exe" ]; then echo "$VENV/Scripts/python.exe"   # Windows
+  fi
+}
+if [ -z "$(venv_python)" ]; then
+  say "creating the virtual environment $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$(venv_python)" -m pip install --quiet --upgrade pip
 fi
-py="$VENV/bin/python"
-FASTDISPATCH_REQUIRE_EXTENSIONS=1 "$py" -m pip install --quiet ".[test,cluster]"
+py="$(venv_python)"
+stamp="$VENV/.fastdispatch-build-stamp"
+
+# "<hash of the build inputs> <extras installed, comma-separated>"
+inputs_hash="$("$py" - <<'EOF'
+import hashlib, os, sys
+h = hashlib.sha256(sys.version.encode())
+paths = ["setup.py", "pyproject.toml", "MANIFEST.in", "README.md"]
+for root, dirs, files in os.walk("src"):
+    dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.endswith(".egg-info"))
+    paths += [os.path.join(root, f) for f in files
+              if not f.endswith((".c", ".so", ".pyd", ".pyc"))]
+for path in sorted(paths):
+    if os.path.exists(path):
+        h.update(path.replace(os.sep, "/").encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+print(h.hexdigest())
+EOF
+)"
+old_hash="" old_extras=""
+if [ -f "$stamp" ]; then read -r old_hash old_extras < "$stamp" || true; fi
+
+have_extras=""
+[ "$old_hash" = "$inputs_hash" ] && have_extras="$old_extras"
+need_install=""
+if [ "$old_hash" != "$inputs_hash" ]; then
+  if [ -z "$old_hash" ]; then reason="first build in $VENV"
+  else reason="sources changed since the last build"; fi
+  need_install=1
+elif [ -n "$extras" ] && [[ ",$have_extras," != *",$extras,"* ]]; then
+  reason="the [$extras] extra is not installed yet"
+  need_install=1
+elif ! "$py" -c "import fastdispatch._ringbuf" 2>/dev/null; then
+  reason="the installed package is missing or has no compiled core"
+  need_install=1
+fi
+
+if [ -n "$need_install" ]; then
+  target="."
+  [ -n "$extras" ] && target=".[$extras]"
+  say "building fastdispatch into $VENV ($reason): compiling the C core and"
+  say "installing $target (15-60 s on two cores)"
+  start=$SECONDS
+  rm -f "$stamp"
+  # The extension is required here: unset the switch that skips it.
+  env -u FASTDISPATCH_NO_EXTENSIONS FASTDISPATCH_REQUIRE_EXTENSIONS=1 \
+    "$py" -m pip install --quiet --disable-pip-version-check "$target"
+  installed="$extras"
+  if [ -n "$have_extras" ]; then
+    installed="$have_extras"
+    [[ ",$have_extras," == *",$extras,"* ]] || installed="$have_extras,$extras"
+  fi
+  echo "$inputs_hash ${installed:-}" > "$stamp"
+  say "built in $((SECONDS - start)) s"
+else
+  say "fastdispatch in $VENV is up to date (no source change since the last build)"
+fi
 
 case "$cmd" in
   demo)

@@ -2,10 +2,14 @@
 
 Within one chat, sends run strictly in order and one at a time; across chats
 they run in parallel under a global cap.  ``Context`` is the per-event object
-that handlers use to reply through it.  See ``docs/`` for the design.
+that handlers use to reply through it.
+
+Documentation: https://github.com/fastdispatch/fastdispatch/tree/main/docs
 """
 
 import os
+from types import ModuleType
+from typing import TYPE_CHECKING, Tuple
 
 from . import _core_py
 from ._dispatcher import build_dispatcher_class
@@ -22,7 +26,7 @@ from ._types import DispatcherHooks, DispatcherStats, DispatchInfo
 from .pacing import Pacing, RateLimit, RetryPolicy
 
 
-def _select_core():
+def _select_core() -> Tuple[ModuleType, str]:
     if os.environ.get("FASTDISPATCH_NO_EXTENSIONS", "") not in ("", "0"):
         return _core_py, "python"
     try:
@@ -32,9 +36,17 @@ def _select_core():
     return _ringbuf, "cython"
 
 
-_core, IMPLEMENTATION = _select_core()
-OutboundDispatcher = build_dispatcher_class(_core)
-SendContext = _core.SendContext
+IMPLEMENTATION: str
+if TYPE_CHECKING:
+    # Checkers see the classes declared in the stubs (_dispatcher.pyi,
+    # _ringbuf.pyi); at run time they come from the core chosen here.
+    from ._dispatcher import OutboundDispatcher as OutboundDispatcher
+    from ._ringbuf import SendContext as SendContext
+else:
+    _core, IMPLEMENTATION = _select_core()
+    OutboundDispatcher = build_dispatcher_class(_core)
+    SendContext = _core.SendContext
+    del _core   # not part of the API (pydoc would list it)
 
 # The per-event layer, built on the names above.
 from . import rules  # noqa: E402

@@ -2,29 +2,49 @@
 
 import sys
 
-USAGE = """usage: python -m fastdispatch COMMAND [options]
+from . import IMPLEMENTATION, __version__
+
+USAGE = """\
+usage: python -m fastdispatch COMMAND [options]
+       python -m fastdispatch --version
+
+fastdispatch {version} (core in use: {core}): a per-chat outbound dispatcher
+for bot servers.
 
 commands:
   demo    thousands of messages to hundreds of chats over a simulated network;
-          verifies per-chat order and prints throughput and latency
-  bench   a short benchmark run printing a table of ratios against baselines
+          checks per-chat order and prints throughput and latency
+  bench   fastdispatch against a thread pool, a naive per-chat dispatcher, its
+          pure-Python twin and a bare Future: a table of ratios and targets
+          ({full_lo}-{full_hi} s on two cores; 'bench --quick': {quick_lo}-{quick_hi} s)
 
 Run 'python -m fastdispatch COMMAND --help' for a command's options.
+Documentation: https://github.com/fastdispatch/fastdispatch
 """
+
+
+def usage():
+    from .bench.dispatcher import ESTIMATE
+    (full_lo, full_hi), (quick_lo, quick_hi) = ESTIMATE
+    return USAGE.format(version=__version__, core=IMPLEMENTATION, full_lo=full_lo,
+                        full_hi=full_hi, quick_lo=quick_lo, quick_hi=quick_hi)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
+        (sys.stdout if argv else sys.stderr).write(usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        sys.stdout.write("fastdispatch %s (core: %s)\n" % (__version__, IMPLEMENTATION))
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "demo":
         from ._demo import main as run
     elif command == "bench":
-        from ._bench import main as run
+        from .bench import main as run
     else:
-        sys.stderr.write("unknown command %r\n\n%s" % (command, USAGE))
+        sys.stderr.write("python -m fastdispatch: unknown command %r\n\n%s" % (command, usage()))
         return 2
     return run(rest)
 

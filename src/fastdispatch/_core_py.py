@@ -15,8 +15,11 @@ Locks, and what each protects:
   the map when its last chat leaves.
 - ``_pool_lock``: the ready list (chats that have work but no worker), the
   idle-worker stack and the thread count.
-- ``_run_lock``: the registry of running tasks (the deadline schedule) and
-  the timer thread's sleep state.
+- ``_run_lock`` (the timer's lock): everything the timer thread looks at —
+  the registry of running tasks (the deadline schedule), the wake-up
+  schedule of parked chats, the rate-limit windows, the line of chats
+  waiting for the global limit, the global pause, and the timer thread's
+  sleep state.
 - ``_count_lock``: the counters (the C twin uses atomic integers instead).
 
 The only nesting is ``_map_lock`` inside a queue lock (when the last chat
@@ -24,13 +27,17 @@ leaves the map); nothing takes them the other way round, so there is no lock
 order to get wrong.
 """
 
+import heapq
 import logging
+import reprlib as _reprlib
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import Future
 from time import monotonic
 
-from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
+from ._errors import (
+    Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
+from .pacing import RateLimit
 from ._types import DispatchInfo
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
@@ -44,6 +51,11 @@ _NOT_CANCELLED, _BY_TIMEOUT, _BY_FORCE = 0, 1, 2
 _AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
 # What _call_searcher_locked returns when a new worker thread must start.
 _SPAWN = object()
+# What _run returns: the task ended, it panicked, or it will run again.
+_DONE, _PANICKED, _RETRYING, _CANCELLED = 0, 1, 2, 3
+# What _next_paced returns besides a task: parked, or look again.
+_PARKED, _AGAIN = object(), object()
+_INF = float("inf")
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
 
@@ -87,15 +99,70 @@ class RingBuffer:
 class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
 
-    __slots__ = ("chat_id", "lock", "running")
+    __slots__ = ("chat_id", "lock", "running", "retry_item", "not_before",
+                 "granted", "waited", "window")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
         self.lock = _allocate_lock()
         # True from the moment the chat is scheduled until its worker removes
-        # the queue from the chat map; at most one worker owns it meanwhile.
+        # the queue from the chat map; at most one worker owns it meanwhile
+        # (a parked chat stays owned: it is on the timer's schedule).
         self.running = False
+        # A task that will run again: it goes before every waiting task and
+        # does not count against the capacity (it was accepted once).
+        # Guarded by ``lock``.
+        self.retry_item = None
+        # The pacing fields below belong to whoever owns the chat (its
+        # worker, or the timer while it is parked); _run_lock when shared.
+        self.not_before = 0.0    # monotonic time before which it may not start
+        self.granted = False     # holds a start granted by the global line
+        self.waited = False      # its next start had to wait for a limit
+        self.window = None       # its rate-limit window, while alive
+
+
+class _Window:
+    """The last ``count`` start times of one rate limit (a sliding window).
+
+    A start is allowed at ``t`` when fewer than ``count`` starts fall in
+    ``(t - per, t]``: the window holds at most ``count`` stamps, so that is
+    ``len < count or stamps[0] <= t - per``.  Guarded by ``_run_lock``.
+    """
+
+    __slots__ = ("count", "per", "stamps", "dead", "key", "expiry", "entries")
+
+    def __init__(self, limit, key=None):
+        self.key = key
+        self.expiry = None      # the timer's deque of windows of this period
+        self.entries = 0        # how many times this window is in it
+        if limit is None:
+            # A chat without a limit: remembered only so that ``limit_for``
+            # is not asked again at every start.
+            self.count, self.per = 0, 1.0
+        else:
+            self.count, self.per = limit.count, limit.per
+        self.stamps = deque(maxlen=max(1, self.count))
+        self.dead = False
+
+    def next_start(self, granted=0):
+        """Earliest time at which ``granted + 1`` more starts are allowed."""
+        count = self.count
+        if not count:
+            return 0.0
+        stamps = self.stamps
+        m = len(stamps) - count + granted + 1
+        if m <= 0:
+            return 0.0
+        if m > len(stamps):
+            return _INF  # more grants than the limit: never (not reached)
+        return stamps[m - 1] + self.per
+
+    def last(self):
+        return self.stamps[-1] if self.stamps else 0.0
+
+    def add(self, t):
+        self.stamps.append(t)
 
 
 class SendContext:
@@ -181,6 +248,15 @@ class SendContext:
             event.set()
 
 
+def _safe_repr(obj, limit=60):
+    """``repr(obj)``, cut to ``limit`` characters; never raises."""
+    try:
+        text = _reprlib.repr(obj)
+    except BaseException:
+        return "<%s object>" % (type(obj).__name__,)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _new_item(chat_id, fn, future, t_queued):
     item = SendContext.__new__(SendContext)
     item.chat_id = chat_id
@@ -238,13 +314,25 @@ class DispatcherCore:
         self._timer_state = _AWAKE
         self._timer_started = False
         self._timer_stop = False
+        self._timer_until = _INF      # when the sleeping timer wakes by itself
+        # Pacing and retries; all guarded by _run_lock (the timer's lock).
+        self._forced = False          # force_close() ran: nothing starts any more
+        self._pause_until = 0.0       # a global RetryAfter: no start before this
+        self._wakeups = []            # heap of (time, seq, ChatQueue): parked chats
+        self._wakeup_seq = 0
+        self._line = deque()          # chats waiting their turn under the global limit
+        self._granted = 0             # starts granted from the line, not yet taken
+        self._global_window = None    # _Window of the global limit, or None
+        self._windows = {}            # chat_id -> _Window (outlives the chat's queue)
+        self._expiry = {}             # per -> deque of _Window, by last start
         self._count_lock = _allocate_lock()
         self._pending = 0
         self._drain_waiters = 0
         self._inflight = 0
         self._submitted = self._completed = self._failed = 0
         self._rejected = self._discarded = self._cancelled = self._timed_out = 0
-        self._retried = self._paced = self._parked = 0
+        self._retried = 0             # under _count_lock
+        self._paced = self._parked = 0  # under _run_lock
 
     def _configure(self, max_inflight, queue_size, send_timeout, idle_timeout,
                    hooks, recover, pacing=None, retry=None):
@@ -258,8 +346,22 @@ class DispatcherCore:
         self._on_rejected = hooks.on_rejected
         self._on_retry = hooks.on_retry
         self._recover = recover
-        self._pacing = pacing
         self._retry = retry
+        self._retry_on = retry.retry_on if retry is not None else ()
+        self._max_attempts = retry.max_attempts if retry is not None else 1
+        self._max_retry_after = retry.max_retry_after if retry is not None else 0.0
+        self._global_window = None
+        self._chat_limit = self._limit_for = None
+        self._chat_limits = False
+        if pacing is not None:
+            if pacing.global_limit is not None:
+                self._global_window = _Window(pacing.global_limit)
+            self._chat_limit = pacing.chat_limit
+            self._limit_for = pacing.limit_for
+            self._chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
+        # Whether every start must ask the limiter (else only a chat with a
+        # pending retry delay or during a global pause does).
+        self._limited = self._global_window is not None or self._chat_limits
 
     # ------------------------------------------------------------------ submit
 
@@ -415,11 +517,21 @@ class DispatcherCore:
         return self._closed
 
     def _counters(self):
+        with self._run_lock:
+            paced, parked = self._paced, self._parked
         with self._count_lock:
             return (self._submitted, self._completed, self._failed, self._rejected,
                     self._discarded, self._cancelled, self._timed_out,
                     len(self._queues), self._inflight, self._threads,
-                    self._retried, self._paced, self._parked)
+                    self._retried, paced, parked)
+
+    def _pacing_state(self):
+        """Sizes of the limiter's structures (for tests and debugging)."""
+        with self._run_lock:
+            return {"windows": len(self._windows),
+                    "expiry": sum(len(e) for e in self._expiry.values()),
+                    "wakeups": len(self._wakeups), "line": len(self._line),
+                    "granted": self._granted, "parked": self._parked}
 
     def _pending_count(self):
         return self._pending
@@ -483,25 +595,213 @@ class DispatcherCore:
 
     def _drain_chat(self, q):
         while True:
-            with q.lock:
-                items = q._items
-                if not items:
-                    # Invariant 4: the empty queue leaves the map while its
-                    # lock is held, so a submitter's re-check cannot miss it.
-                    q.running = False
-                    self._remove_locked(q)
-                    break
-                item = items.popleft()
-                item._queue_len = len(items)
-            if not self._run(item, q):
+            if self._limited or q.not_before or self._pause_until:
+                item = self._next_paced(q)
+                if item is _PARKED:
+                    return
+                if item is _AGAIN:
+                    continue
+            else:
+                with q.lock:
+                    item = q.retry_item
+                    if item is not None:
+                        q.retry_item = None
+                    elif q._items:
+                        item = q._items.popleft()
+                    else:
+                        # Invariant 4: the empty queue leaves the map while
+                        # its lock is held, so a submitter's re-check cannot
+                        # miss it.
+                        q.running = False
+                        self._remove_locked(q)
+                    if item is not None:
+                        item._queue_len = len(q._items)
+            if item is None:
+                break
+            ran = self._run(item, q)
+            if ran == _PANICKED:
                 return  # the task panicked; its chat is gone
-            if self._ready and q._items:
+            if ran == _DONE and self._ready and q._items:
                 # Other chats wait for a worker: go to the back of the line
                 # so that a busy chat cannot starve quiet ones.
                 with self._pool_lock:
                     self._ready.append(q)
                 return
+        if q.granted:
+            self._return_grant(q)
         self._maybe_drained()
+
+    # ------------------------------------------------------------------ pacing
+
+    def _next_paced(self, q):
+        # The chat's next task if pacing lets it start now; _PARKED if the
+        # chat was parked (the timer will hand it back: no worker sleeps
+        # for a limit); _AGAIN to look again; None once the chat is empty
+        # and removed.
+        window = q.window
+        failed = False
+        if self._chat_limits and (window is None or window.dead):
+            try:
+                window = q.window = self._chat_window(q.chat_id)
+            except BaseException as exc:
+                # limit_for, or the chat id's __hash__/__eq__, failed: the
+                # task it was asked for fails with that error.
+                if self._refuse_head(q, exc):
+                    return _AGAIN
+                window, failed = None, True
+        with q.lock:
+            if q.retry_item is None and not q._items:
+                q.running = False
+                self._remove_locked(q)
+                return None
+            if failed:
+                return _AGAIN  # a task arrived meanwhile: judge it again
+            admitted = self._admit_locked(q, window)
+            if admitted is not True:
+                return _AGAIN if admitted is None else _PARKED
+            item = q.retry_item
+            if item is not None:
+                q.retry_item = None
+            else:
+                item = q._items.popleft()
+            item._queue_len = len(q._items)
+            return item
+
+    def _admit_locked(self, q, window):
+        """May ``q`` start its next task now?  Else park it.
+
+        With ``q.lock`` held, by the chat's owner.  Returns True (start,
+        and the start is recorded), False (parked) or None (the chat's
+        window was forgotten meanwhile: fetch it again).  The checks and
+        the recording are one step under _run_lock, so that no two starts
+        can both take the last place in a window.
+        """
+        with self._run_lock:
+            if self._forced:
+                return True  # _run settles it as cancelled
+            if window is not None and window.dead:
+                q.window = None
+                return None
+            now = monotonic()
+            # Time rules first: a retry delay, a global pause, the chat's
+            # own window.  A chat that must wait for them waits alone.
+            until = q.not_before
+            if self._pause_until:
+                if self._pause_until <= now:
+                    self._pause_until = 0.0  # over: back to the fast path
+                elif self._pause_until > until:
+                    until = self._pause_until
+            if window is not None and window.count:
+                t = window.next_start()
+                if t > until:
+                    until = t
+                    if t > now:
+                        q.waited = True
+            if until > now:
+                if q.granted:
+                    # Hand the granted start back to the line.
+                    q.granted = False
+                    self._granted -= 1
+                    self._timer_needed_locked(now)
+                self._park_locked(q, until)
+                return False
+            q.not_before = 0.0
+            # Then the global limit: chats take turns in one line.
+            glob = self._global_window
+            if glob is not None:
+                if q.granted:
+                    q.granted = False
+                    self._granted -= 1
+                elif self._line or glob.next_start(self._granted) > now:
+                    q.waited = True
+                    self._line.append(q)
+                    self._parked += 1
+                    self._timer_needed_locked(glob.next_start(self._granted))
+                    return False
+                glob.stamps.append(now)
+            if window is not None:
+                self._record_locked(window, now)
+            if q.waited:
+                q.waited = False
+                self._paced += 1
+        return True
+
+    def _chat_window(self, chat_id):
+        # The chat's live window, made on first use (limit_for runs here,
+        # outside every lock).  A window outlives the chat's queue until
+        # its last start leaves it; the timer then forgets it.
+        window = self._windows.get(chat_id)
+        if window is not None and not window.dead:
+            return window
+        limit = self._chat_limit
+        if self._limit_for is not None:
+            try:
+                own = self._limit_for(chat_id)
+            except Exception as exc:
+                raise TypeError("limit_for(%s) raised %s" % (
+                    _safe_repr(chat_id), type(exc).__name__)) from exc
+            if own is not None:
+                if not isinstance(own, RateLimit):
+                    raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
+                                    % (_safe_repr(chat_id), type(own).__name__))
+                limit = own
+        fresh = _Window(limit, chat_id)
+        with self._run_lock:
+            window = self._windows.get(chat_id)
+            if window is None or window.dead:
+                expiry = self._expiry.get(fresh.per)
+                if expiry is None:
+                    expiry = self._expiry[fresh.per] = deque()
+                fresh.expiry = expiry
+                self._windows[chat_id] = window = fresh
+        return window
+
+    def _record_locked(self, window, now):
+        # A chat's start: into its window, and onto the timer's list of
+        # windows to forget once their last start has left them.
+        window.stamps.append(now)
+        expiry = window.expiry
+        if not expiry:
+            self._timer_needed_locked(now + window.per)
+        expiry.append(window)
+        window.entries += 1
+
+    def _park_locked(self, q, until):
+        # Put an owned chat on the wake-up schedule (with _run_lock held).
+        self._wakeup_seq += 1
+        heapq.heappush(self._wakeups, (until, self._wakeup_seq, q))
+        self._parked += 1
+        self._timer_needed_locked(until)
+
+    def _return_grant(self, q):
+        with self._run_lock:
+            if q.granted and not self._forced:  # force_close() reset the line
+                q.granted = False
+                self._granted -= 1
+                if self._line:
+                    self._timer_needed_locked(0.0)
+
+    def _refuse_head(self, q, exc):
+        # The limiter could not judge this chat (limit_for or the chat id's
+        # __hash__/__eq__ failed): its next task fails with that error, the
+        # chat goes on with the one after.
+        with q.lock:
+            item = q.retry_item
+            if item is not None:
+                q.retry_item = None
+            elif q._items:
+                item = q._items.popleft()
+        if item is None:
+            return False
+        logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)
+        if not isinstance(exc, Exception):
+            exc = TypeError("pacing failed: %r" % (exc,))
+        if item._attempt > 1:
+            self._settle_started(item, exc, "failed")
+        else:
+            self._finish(item, exc, "failed")
+            self._maybe_drained()
+        return True
 
     def _remove_locked(self, q):
         # With q.lock held: take q out of the chat map.  A dict never
@@ -517,11 +817,12 @@ class DispatcherCore:
                     queues.clear()
 
     def _run(self, item, q):
-        """Run one task.  Return False if it panicked."""
+        """Run one attempt of a task: _DONE, _PANICKED or _RETRYING."""
         future = item._future
-        if future is not None and not future.set_running_or_notify_cancel():
+        if (item._attempt == 1 and future is not None
+                and not future.set_running_or_notify_cancel()):
             self._finish(item, Cancelled("cancelled before it started"), "cancelled")
-            return True
+            return _DONE
         if self._on_start is not None:
             try:
                 self._on_start(item.chat_id)
@@ -531,7 +832,11 @@ class DispatcherCore:
             item._t_start = monotonic()
             if self._send_timeout is not None:
                 item._deadline = item._t_start + self._send_timeout
-        self._register(item)
+        if not self._register(item):
+            # force_close() ran since this task left its queue: it never starts.
+            self._settle_started(item, Cancelled("the dispatcher was force-closed"),
+                                 "cancelled")
+            return _DONE
         with self._count_lock:
             self._inflight += 1
         panic = None
@@ -552,7 +857,14 @@ class DispatcherCore:
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, "failed")
             elif error is not None:
-                self._resolve(item, None, error, "failed")
+                verdict = self._retry_later(item, q, error)
+                if verdict == _RETRYING:
+                    return _RETRYING
+                if verdict == _CANCELLED:
+                    self._resolve(item, None, Cancelled("the dispatcher was force-closed"),
+                                  "cancelled")
+                else:
+                    self._resolve(item, None, error, "failed")
             else:
                 self._resolve(item, result, None, "completed")
         if panic is not None:
@@ -561,7 +873,57 @@ class DispatcherCore:
         with self._count_lock:
             self._pending -= 1
         self._maybe_drained()
-        return panic is None
+        return _PANICKED if panic is not None else _DONE
+
+    def _retry_later(self, item, q, error):
+        # SPEC §5: a RetryAfter, or a retry_on error, runs the same task
+        # again ahead of every later task of its chat.  Return _RETRYING,
+        # _DONE when it is not retried (it fails with ``error``), or
+        # _CANCELLED when force_close() came first.
+        if isinstance(error, RetryAfter):
+            delay = error.seconds
+            if delay > self._max_retry_after:
+                return _DONE
+        elif self._retry_on and isinstance(error, self._retry_on):
+            delay = self._retry.backoff_delay(item._attempt)
+        else:
+            return _DONE
+        attempt = item._attempt
+        if attempt >= self._max_attempts:
+            return _DONE
+        until = monotonic() + delay
+        with q.lock:
+            # Checked under the queue's lock: force_close() clears the
+            # queues under it after setting _forced, so either it sees this
+            # retry item or we see _forced.
+            if self._forced:
+                return _CANCELLED
+            item._attempt = attempt + 1
+            item._deadline = None
+            q.retry_item = item
+        with self._run_lock:
+            if until > q.not_before:
+                q.not_before = until
+            if isinstance(error, RetryAfter) and error.scope == "global":
+                if until > self._pause_until:
+                    self._pause_until = until
+        with self._count_lock:
+            self._retried += 1
+        if self._on_retry is not None:
+            try:
+                self._on_retry(item.chat_id, attempt, delay, error)
+            except BaseException as exc:
+                self._hook_failed("on_retry", exc)
+        return _RETRYING
+
+    def _settle_started(self, item, error, outcome):
+        # Resolve a task whose Future is already RUNNING but that will not
+        # run (again): force_close() came first.
+        self._resolve(item, None, error, outcome)
+        item._fn = None
+        with self._count_lock:
+            self._pending -= 1
+        self._maybe_drained()
 
     def _resolve(self, item, result, error, outcome):
         # Only the owner of the outcome touches (and then drops) the Future.
@@ -640,69 +1002,149 @@ class DispatcherCore:
     # -------------------------------------------------- running tasks, deadlines
 
     def _register(self, item):
+        # Enter a starting task in the running registry; False if
+        # force_close() already ran (then the task must not start).
         with self._run_lock:
+            if self._forced:
+                return False
             self._running[item] = None
             if item._deadline is not None:
-                if not self._timer_started:
-                    self._timer_started = True
-                    start_timer = True
-                else:
-                    start_timer = False
-                    if self._timer_state == _IDLE:
-                        self._wake_timer_locked()
-            else:
-                start_timer = False
-        if start_timer:
-            self._start_timer()
+                self._timer_needed_locked(item._deadline)
+        return True
 
     def _unregister(self, item):
         with self._run_lock:
             return self._running.pop(item, 0) is None
+
+    def _timer_needed_locked(self, when):
+        # With _run_lock held: make sure the timer looks at its schedules no
+        # later than ``when`` (starting it on first use, waking it if it
+        # sleeps past that).
+        if not self._timer_started:
+            self._timer_started = True
+            try:
+                self._start_timer()
+            except BaseException:
+                # The OS refused a thread: the next caller tries again.
+                self._timer_started = False
+                logger.exception("could not start the timer thread")
+        elif when < self._timer_until:
+            self._wake_timer_locked()
 
     def _wake_timer_locked(self):
         # Release the timer's wake lock once per sleep (with _run_lock held):
         # the state flag makes sure we never release it twice.
         if self._timer_state != _AWAKE:
             self._timer_state = _AWAKE
+            self._timer_until = _INF
             self._timer_wake.release()
 
     def _timer_main(self):
-        """Body of the deadline thread.
+        """Body of the timer thread: deadlines, parked chats, the global line.
 
-        The registry is ordered by start time and every task gets the same
-        send_timeout, so it is also ordered by deadline: the timer only ever
-        looks at its head.  It sleeps until the head's deadline, or until
-        woken when a first task starts after a quiet spell.
+        Deadlines: the registry is ordered by start time and every task gets
+        the same send_timeout, so it is also ordered by deadline: the timer
+        only ever looks at its head.  Parked chats: a heap by wake-up time;
+        a chat whose time came goes back to the ready list.  The global
+        line: as places free up in the global window, the chats at the
+        front get a start each, in turn.  Windows whose last start has left
+        them are forgotten.  The timer sleeps until the earliest of these,
+        or until woken by something earlier.
         """
         running = self._running
         while True:
             expired = []
+            ready = []
             with self._run_lock:
                 if self._timer_stop:
                     return
                 now = monotonic()
-                delay = None
-                for item in running:
-                    if item._deadline > now:
-                        delay = item._deadline - now
-                        break
-                    expired.append(item)
-                for item in expired:
-                    del running[item]
+                until = _INF
+                if self._send_timeout is not None:
+                    for item in running:
+                        if item._deadline > now:
+                            until = item._deadline
+                            break
+                        expired.append(item)
+                    for item in expired:
+                        del running[item]
                 if not expired:
-                    self._timer_state = _IDLE if delay is None else _UNTIL_DEADLINE
-            if expired:
-                for item in expired:
-                    self._expire(item, _BY_TIMEOUT)
+                    until = min(until, self._pacing_tick_locked(now, ready))
+                    self._timer_until = until
+                    self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+            for item in expired:
+                self._expire(item, _BY_TIMEOUT)
+            for q in ready:
+                self._schedule(q)
+            if expired or ready:
                 continue
-            woken = self._timer_wake.acquire(True, -1 if delay is None else delay)
+            woken = self._timer_wake.acquire(True, -1 if until == _INF
+                                             else max(0.0, until - monotonic()))
             if not woken:
                 with self._run_lock:
                     if self._timer_state != _AWAKE:
                         self._timer_state = _AWAKE
+                        self._timer_until = _INF
                         continue
                 # Woken just after the timeout: consume that release.
                 self._timer_wake.acquire()
+
+    def _pacing_tick_locked(self, now, ready):
+        # With _run_lock held: move parked chats whose time came to
+        # ``ready``, grant starts from the global line, forget stale
+        # windows.  Return when to look again.
+        until = _INF
+        wakeups = self._wakeups
+        while wakeups:
+            if wakeups[0][0] > now:
+                until = wakeups[0][0]
+                break
+            ready.append(heapq.heappop(wakeups)[2])
+            self._parked -= 1
+        line = self._line
+        if line:
+            if self._pause_until > now:
+                until = min(until, self._pause_until)
+            else:
+                glob = self._global_window
+                while line and glob.next_start(self._granted) <= now:
+                    q = line.popleft()
+                    q.granted = True
+                    self._granted += 1
+                    self._parked -= 1
+                    ready.append(q)
+                if line:
+                    until = min(until, glob.next_start(self._granted))
+        for per, expiry in self._expiry.items():
+            # One entry per start, in start order; an entry is stale when
+            # its window has later ones (it started again since).
+            while expiry:
+                window = expiry[0]
+                if window.entries == 1:
+                    t = window.last() + per
+                    if t > now:
+                        until = min(until, t)
+                        break
+                    self._forget_window_locked(window)
+                window.entries -= 1
+                expiry.popleft()
+        return until
+
+    def _forget_window_locked(self, window):
+        # Its last start left the window: the chat's limit no longer
+        # constrains anything, so the window goes (a chat's next start makes
+        # a new one).  The chat id's __hash__/__eq__ run here: whatever they
+        # do, the timer goes on (the entry is then simply kept).
+        window.dead = True
+        try:
+            if self._windows.get(window.key) is window:
+                del self._windows[window.key]
+                if not self._windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self._windows.clear()
+        except BaseException:
+            logger.exception("could not forget the rate-limit window of a chat")
 
     def _stop_timer(self):
         with self._run_lock:
@@ -734,19 +1176,37 @@ class DispatcherCore:
         self._closed = True
 
     def _cancel_everything(self):
-        """force_close(): cancel running tasks and every waiting task."""
+        """force_close(): cancel running, retrying, parked and waiting tasks."""
         self._closed = True
         with self._run_lock:
+            self._forced = True
             running = list(self._running)
             self._running.clear()
+            parked = [entry[2] for entry in self._wakeups]
+            parked.extend(self._line)
+            self._wakeups = []
+            self._line.clear()
+            self._parked = self._granted = 0
+            self._pause_until = 0.0
         for item in running:
             self._expire(item, _BY_FORCE)
         for q in list(self._queues.values()):
             with q.lock:
+                retrying, q.retry_item = q.retry_item, None
                 waiting = q.clear()
+            if retrying is not None:
+                self._settle_started(retrying, Cancelled("the dispatcher was force-closed"),
+                                     "cancelled")
             for item in waiting:
                 self._finish(item, Cancelled("the dispatcher was force-closed"),
                              "cancelled")
+        # Parked chats are owned by nobody but the timer's schedule, which
+        # is now empty: hand them to workers, which find them empty and
+        # remove them.
+        for q in parked:
+            q.not_before = 0.0
+            q.granted = False
+            self._schedule(q)
         self._maybe_drained()
 
     def _stop_workers(self):

@@ -203,10 +203,34 @@ class _Lifecycle:
             self.active_chats, self.inflight)
 
 
+# What Cython adds to an extension type for its own use; help() and dir()
+# of the dispatcher class leave it out.
+_CYTHON_NAMES = frozenset(("__pyx_vtable__", "__reduce_cython__", "__setstate_cython__"))
+
+
+class _DispatcherType(type):
+    """The dispatcher's metaclass: only ``__dir__``, so that ``help()`` shows the API.
+
+    pydoc lists what ``dir(cls)`` returns.  Instances are untouched: attribute
+    lookups and calls on a dispatcher do not go through the metaclass.
+    """
+
+    def __dir__(cls):
+        names = []
+        for name in type.__dir__(cls):
+            if name in _CYTHON_NAMES:
+                continue
+            value = getattr(cls, name, None)
+            if name in ("__reduce__", "__setstate__") and "cython" in getattr(value, "__name__", ""):
+                continue   # __reduce__ = __reduce_cython__: Cython's pickling refusal
+            names.append(name)
+        return names
+
+
 def build_dispatcher_class(core):
     """Return ``OutboundDispatcher`` built on ``core`` (a core module)."""
 
-    class OutboundDispatcher(_Lifecycle, core.DispatcherCore):
+    class OutboundDispatcher(_Lifecycle, core.DispatcherCore, metaclass=_DispatcherType):
         """Per-chat outbound dispatcher: FIFO within a chat, parallel across chats.
 
         ``OutboundDispatcher(*, max_inflight=512, queue_size=64,
@@ -226,7 +250,8 @@ def build_dispatcher_class(core):
           ``RetryAfter`` (with ``RetryPolicy()``'s limits) and retries
           nothing else.
 
-        See ``docs/dispatcher.md`` for the guarantees and the design.
+        Guarantees and design:
+        https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md
         """
 
     OutboundDispatcher.__module__ = "fastdispatch"

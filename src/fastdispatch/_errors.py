@@ -8,6 +8,7 @@ catch for the same situation: :class:`SendTimeout` is a ``TimeoutError`` and
 """
 
 from concurrent.futures import CancelledError as _FutureCancelledError
+from typing import Literal
 
 __all__ = [
     "DispatcherError",
@@ -64,7 +65,7 @@ class RetryAfter(DispatcherError):
     ``RetryPolicy.max_retry_after`` fails the task's Future with it at once.
     """
 
-    def __init__(self, seconds, scope="chat"):
+    def __init__(self, seconds: float, scope: Literal["chat", "global"] = "chat") -> None:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             raise TypeError("seconds must be a number, got %r" % (type(seconds).__name__,))
         seconds = float(seconds)
@@ -76,5 +77,5 @@ class RetryAfter(DispatcherError):
         self.seconds = seconds
         self.scope = scope
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "retry after %gs (%s)" % (self.seconds, self.scope)

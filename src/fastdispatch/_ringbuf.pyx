@@ -11,7 +11,9 @@ the compiled version changes is the cost of each step:
 - counters are atomic integers, so the free-threaded build needs no extra lock;
 - the ready list and the running registry are intrusive linked lists through
   the ``ChatQueue`` and ``SendContext`` objects themselves: no allocation
-  and O(1) unlink.
+  and O(1) unlink;
+- a rate-limit window is a C ring of doubles, and a dispatcher without
+  pacing pays for pacing with one test of three C fields per task.
 
 Nothing here relies on the GIL for mutual exclusion: every shared field is
 either read and written under the lock that owns it (see the comment on each
@@ -23,12 +25,18 @@ cimport cython
 from cpython.object cimport PyObject
 
 import logging
+import reprlib as _reprlib
 import threading
 from collections import deque
+from heapq import heappop as _heappop, heappush as _heappush
 from concurrent.futures import Future, _base as _futures_base
 from time import monotonic
 
-from ._errors import Cancelled, DispatcherClosed, QueueFull, SendTimeout, TaskDiscarded
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+
+from ._errors import (
+    Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
+from .pacing import RateLimit
 from ._types import DispatchInfo
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
@@ -71,12 +79,32 @@ cdef enum:
     C_DISCARDED = 2
     C_CANCELLED = 3
     C_TIMED_OUT = 4
+    # What _run returns: the task ended, it panicked, or it will run again
+    # (and what _retry_later returns: retrying, not retried, force-closed).
+    _DONE = 0
+    _PANICKED = 1
+    _RETRYING = 2
+    _CANCELLED = 3
+
+cdef double _INF = float("inf")
+# What _next_paced returns besides a task: parked, or look again.
+cdef object _PARKED_CHAT = object()
+cdef object _AGAIN = object()
 
 # What _call_searcher_locked returns when a new worker thread must start.
 cdef object _SPAWN = object()
 
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 cdef cython.pymutex _event_lock
+
+
+def _safe_repr(obj, Py_ssize_t limit=60):
+    """``repr(obj)``, cut to ``limit`` characters; never raises."""
+    try:
+        text = _reprlib.repr(obj)
+    except BaseException:
+        return "<%s object>" % (type(obj).__name__,)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ----------------------------------------------------------- Future fast paths
@@ -300,20 +328,103 @@ cdef class RingBuffer:
         return self._count >= self.capacity
 
 
+cdef class SendContext
+cdef class _Window
+
+
 @cython.final
 cdef class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
 
     cdef readonly object chat_id
-    cdef cython.pymutex _lock  # guards the ring, _running, and map removal
+    cdef cython.pymutex _lock  # guards the ring, _running, _retry_item, map removal
     # True from the moment the chat is scheduled until its worker removes
-    # the queue from the chat map; at most one worker owns it meanwhile.
+    # the queue from the chat map; at most one worker owns it meanwhile
+    # (a parked chat stays owned: it is on the timer's schedule).
     cdef bint _running
     cdef ChatQueue _next_ready  # ready list link; guarded by the pool lock
+    # A task that will run again: it goes before every waiting task and
+    # does not count against the capacity (it was accepted once).
+    cdef SendContext _retry_item
+    # Pacing, owned by whoever owns the chat (its worker, or the timer while
+    # it is parked); under _run_lock where shared.
+    cdef double _not_before     # monotonic time before which it may not start
+    cdef bint _granted          # holds a start granted by the global line
+    cdef bint _waited           # its next start had to wait for a limit
+    cdef _Window _window        # its rate-limit window, while alive
 
     def __init__(self, chat_id, Py_ssize_t capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
+
+
+@cython.final
+cdef class _Window:
+    """The last ``count`` start times of one rate limit (a sliding window).
+
+    A start is allowed at ``t`` when fewer than ``count`` starts fall in
+    ``(t - per, t]``: the ring holds at most ``count`` stamps, so that is
+    ``len < count or oldest <= t - per``.  Guarded by ``_run_lock``.
+    """
+
+    cdef readonly int count     # 0: no limit (kept so limit_for is not asked again)
+    cdef readonly double per
+    cdef double *_stamps        # a ring of max(1, count) doubles
+    cdef int _cap, _head, _len
+    cdef object key
+    cdef bint dead
+    cdef object expiry          # the timer's deque of windows of this period
+    cdef Py_ssize_t entries     # how many times this window is in it
+
+    def __cinit__(self, limit, key=None):
+        if limit is None:
+            self.count, self.per = 0, 1.0
+        else:
+            self.count, self.per = limit.count, limit.per
+        self._cap = self.count if self.count > 0 else 1
+        self._stamps = <double *>PyMem_Malloc(self._cap * sizeof(double))
+        if self._stamps == NULL:
+            raise MemoryError()
+        self.key = key
+
+    def __dealloc__(self):
+        PyMem_Free(self._stamps)
+
+    cdef inline double _at(self, int i):
+        # The i-th oldest stamp (0 <= i < _len).
+        i += self._head
+        if i >= self._cap:
+            i -= self._cap
+        return self._stamps[i]
+
+    cpdef double next_start(self, long long granted=0):
+        """Earliest time at which ``granted + 1`` more starts are allowed."""
+        cdef long long m
+        if self.count == 0:
+            return 0.0
+        m = self._len - self.count + granted + 1
+        if m <= 0:
+            return 0.0
+        if m > self._len:
+            return _INF
+        return self._at(<int>(m - 1)) + self.per
+
+    cpdef double last(self):
+        return self._at(self._len - 1) if self._len else 0.0
+
+    cpdef add(self, double t):
+        cdef int i
+        if self._len < self._cap:
+            i = self._head + self._len
+            if i >= self._cap:
+                i -= self._cap
+            self._stamps[i] = t
+            self._len += 1
+        else:
+            self._stamps[self._head] = t
+            self._head += 1
+            if self._head == self._cap:
+                self._head = 0
 
 
 @cython.final
@@ -456,7 +567,12 @@ cdef class DispatcherCore:
     cdef double _send_timeout
     cdef bint _has_timeout
     cdef double _idle_timeout
-    cdef object _on_queued, _on_start, _on_done, _on_rejected, _recover
+    cdef object _on_queued, _on_start, _on_done, _on_rejected, _on_retry, _recover
+    cdef object _retry, _retry_on, _chat_limit, _limit_for
+    cdef int _max_attempts
+    cdef double _max_retry_after
+    cdef bint _chat_limits            # chats have windows (chat_limit or limit_for)
+    cdef bint _limited                # every start asks the limiter
     # worker pool; all guarded by _pool_lock
     cdef cython.pymutex _pool_lock
     cdef ChatQueue _ready_head
@@ -474,12 +590,27 @@ cdef class DispatcherCore:
     cdef int _timer_state
     cdef bint _timer_started
     cdef bint _timer_stop
+    cdef double _timer_until          # when the sleeping timer wakes by itself
+    # pacing and retries; guarded by _run_lock (the timer's lock)
+    cdef long long _forced            # atomic; force_close() ran: nothing starts
+    cdef double _pause_until          # a global RetryAfter (read unlocked as a hint)
+    cdef list _wakeups                # heap of (time, seq, ChatQueue): parked chats
+    cdef long long _wakeup_seq
+    cdef object _line                 # deque: chats waiting their turn (global limit)
+    cdef Py_ssize_t _line_len
+    cdef long long _granted           # starts granted from the line, not yet taken
+    cdef _Window _global_window
+    cdef dict _windows                # chat_id -> _Window (outlives the chat's queue)
+    cdef dict _expiry                 # per -> deque of (start, _Window)
+    cdef long long _paced
+    cdef long long _parked
     # counters (atomic)
     cdef long long _pending
     cdef long long _drain_waiters
     cdef long long _inflight
     cdef long long _submitted
     cdef long long _rejected
+    cdef long long _retried
     cdef long long _counts[5]
 
     def __cinit__(self, *args, **kwargs):
@@ -488,7 +619,13 @@ cdef class DispatcherCore:
         self._timer_wake = _allocate_lock()
         self._timer_wake.acquire()
         self._on_queued = self._on_start = self._on_done = None
-        self._on_rejected = self._recover = None
+        self._on_rejected = self._on_retry = self._recover = None
+        self._timer_until = _INF
+        self._wakeups = []
+        self._line = deque()
+        self._windows = {}
+        self._expiry = {}
+        self._retry_on = ()
 
     def _configure(self, Py_ssize_t max_inflight, Py_ssize_t queue_size, send_timeout,
                    double idle_timeout, hooks, recover, pacing=None, retry=None):
@@ -501,7 +638,27 @@ cdef class DispatcherCore:
         self._on_start = hooks.on_start
         self._on_done = hooks.on_done
         self._on_rejected = hooks.on_rejected
+        self._on_retry = hooks.on_retry
         self._recover = recover
+        self._retry = retry
+        if retry is not None:
+            self._retry_on = retry.retry_on
+            self._max_attempts = retry.max_attempts
+            self._max_retry_after = retry.max_retry_after
+        else:
+            self._retry_on = ()
+            self._max_attempts = 1
+            self._max_retry_after = 0.0
+        self._global_window = None
+        self._chat_limit = self._limit_for = None
+        self._chat_limits = False
+        if pacing is not None:
+            if pacing.global_limit is not None:
+                self._global_window = _Window(pacing.global_limit)
+            self._chat_limit = pacing.chat_limit
+            self._limit_for = pacing.limit_for
+            self._chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
+        self._limited = self._global_window is not None or self._chat_limits
 
     # ------------------------------------------------------------------ submit
 
@@ -684,13 +841,25 @@ cdef class DispatcherCore:
 
     def _counters(self):
         cdef Py_ssize_t threads
+        cdef long long paced, parked
         with self._pool_lock:
             threads = self._threads
+        with self._run_lock:
+            paced = self._paced
+            parked = self._parked
         return (FD_LOAD(&self._submitted), FD_LOAD(&self._counts[C_COMPLETED]),
                 FD_LOAD(&self._counts[C_FAILED]), FD_LOAD(&self._rejected),
                 FD_LOAD(&self._counts[C_DISCARDED]), FD_LOAD(&self._counts[C_CANCELLED]),
                 FD_LOAD(&self._counts[C_TIMED_OUT]), len(self._queues),
-                FD_LOAD(&self._inflight), threads, 0, 0, 0)
+                FD_LOAD(&self._inflight), threads, FD_LOAD(&self._retried), paced, parked)
+
+    def _pacing_state(self):
+        """Sizes of the limiter's structures (for tests and debugging)."""
+        with self._run_lock:
+            return {"windows": len(self._windows),
+                    "expiry": sum([len(e) for e in self._expiry.values()]),
+                    "wakeups": len(self._wakeups), "line": len(self._line),
+                    "granted": self._granted, "parked": self._parked}
 
     def _pending_count(self):
         return FD_LOAD(&self._pending)
@@ -762,22 +931,36 @@ cdef class DispatcherCore:
     cdef int _drain_chat(self, ChatQueue q) except -1:
         cdef SendContext item
         cdef bint rotate
+        cdef int ran
         while True:
-            with q._lock:
-                if q._count == 0:
-                    # Invariant 4: the empty queue leaves the map while its
-                    # lock is held, so a submitter's re-check cannot miss it.
-                    q._running = False
-                    self._remove_locked(q)
-                    item = None
-                else:
-                    item = q._pop()
-                    item._queue_len = q._count
+            if self._limited or q._not_before != 0.0 or self._pause_until != 0.0:
+                found = self._next_paced(q)
+                if found is _PARKED_CHAT:
+                    return 0
+                if found is _AGAIN:
+                    continue
+                item = <SendContext>found
+            else:
+                with q._lock:
+                    item = q._retry_item
+                    if item is not None:
+                        q._retry_item = None
+                        item._queue_len = q._count
+                    elif q._count == 0:
+                        # Invariant 4: the empty queue leaves the map while
+                        # its lock is held, so a submitter's re-check cannot
+                        # miss it.
+                        q._running = False
+                        self._remove_locked(q)
+                    else:
+                        item = q._pop()
+                        item._queue_len = q._count
             if item is None:
                 break
-            if not self._run(item, q):
+            ran = self._run(item, q)
+            if ran == _PANICKED:
                 return 0  # the task panicked; its chat is gone
-            if FD_LOAD(&self._ready_len):
+            if ran == _DONE and FD_LOAD(&self._ready_len):
                 # Other chats wait for a worker: go to the back of the line
                 # so that a busy chat cannot starve quiet ones.
                 with q._lock:
@@ -786,8 +969,192 @@ cdef class DispatcherCore:
                     with self._pool_lock:
                         self._ready_append(q)
                     return 0
+        if q._granted:
+            self._return_grant(q)
         self._maybe_drained()
         return 0
+
+    # ------------------------------------------------------------------ pacing
+
+    cdef object _next_paced(self, ChatQueue q):
+        # The chat's next task if pacing lets it start now; _PARKED_CHAT if
+        # the chat was parked (the timer will hand it back: no worker
+        # sleeps for a limit); _AGAIN to look again; None once the chat is
+        # empty and removed.
+        cdef _Window window = q._window
+        cdef bint failed = False
+        cdef int admitted
+        cdef SendContext item
+        if self._chat_limits and (window is None or window.dead):
+            try:
+                window = q._window = self._chat_window(q.chat_id)
+            except BaseException as exc:
+                # limit_for, or the chat id's __hash__/__eq__, failed: the
+                # task it was asked for fails with that error.
+                if self._refuse_head(q, exc):
+                    return _AGAIN
+                window = None
+                failed = True
+        with q._lock:
+            if q._retry_item is None and q._count == 0:
+                q._running = False
+                self._remove_locked(q)
+                return None
+            if failed:
+                return _AGAIN  # a task arrived meanwhile: judge it again
+            admitted = self._admit_locked(q, window)
+            if admitted != 1:
+                return _AGAIN if admitted < 0 else _PARKED_CHAT
+            item = q._retry_item
+            if item is not None:
+                q._retry_item = None
+            else:
+                item = q._pop()
+            item._queue_len = q._count
+            return item
+
+    cdef int _admit_locked(self, ChatQueue q, _Window window) except -2:
+        """May ``q`` start its next task now?  Else park it.
+
+        With ``q._lock`` held, by the chat's owner.  Returns 1 (start, and
+        the start is recorded), 0 (parked) or -1 (the chat's window was
+        forgotten meanwhile: fetch it again).  The checks and the recording
+        are one step under _run_lock, so that no two starts can both take
+        the last place in a window.
+        """
+        cdef _Window glob
+        cdef double now, until, t
+        with self._run_lock:
+            if FD_LOAD(&self._forced):
+                return 1  # _run settles it as cancelled
+            if window is not None and window.dead:
+                q._window = None
+                return -1
+            now = monotonic()
+            # Time rules first: a retry delay, a global pause, the chat's
+            # own window.  A chat that must wait for them waits alone.
+            until = q._not_before
+            if self._pause_until != 0.0:
+                if self._pause_until <= now:
+                    self._pause_until = 0.0  # over: back to the fast path
+                elif self._pause_until > until:
+                    until = self._pause_until
+            if window is not None and window.count:
+                t = window.next_start(0)
+                if t > until:
+                    until = t
+                    if t > now:
+                        q._waited = True
+            if until > now:
+                if q._granted:
+                    # Hand the granted start back to the line.
+                    q._granted = False
+                    self._granted -= 1
+                    self._timer_needed_locked(now)
+                self._park_locked(q, until)
+                return 0
+            q._not_before = 0.0
+            # Then the global limit: chats take turns in one line.
+            glob = self._global_window
+            if glob is not None:
+                if q._granted:
+                    q._granted = False
+                    self._granted -= 1
+                elif self._line_len or glob.next_start(self._granted) > now:
+                    q._waited = True
+                    self._line.append(q)
+                    self._line_len += 1
+                    self._parked += 1
+                    self._timer_needed_locked(glob.next_start(self._granted))
+                    return 0
+                glob.add(now)
+            if window is not None:
+                self._record_locked(window, now)
+            if q._waited:
+                q._waited = False
+                self._paced += 1
+        return 1
+
+    cdef _Window _chat_window(self, object chat_id):
+        # The chat's live window, made on first use (limit_for runs here,
+        # outside every lock).  A window outlives the chat's queue until
+        # its last start leaves it; the timer then forgets it.
+        cdef _Window window = self._windows.get(chat_id)
+        cdef _Window fresh
+        if window is not None and not window.dead:
+            return window
+        limit = self._chat_limit
+        if self._limit_for is not None:
+            try:
+                own = self._limit_for(chat_id)
+            except Exception as exc:
+                raise TypeError("limit_for(%s) raised %s" % (
+                    _safe_repr(chat_id), type(exc).__name__)) from exc
+            if own is not None:
+                if not isinstance(own, RateLimit):
+                    raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
+                                    % (_safe_repr(chat_id), type(own).__name__))
+                limit = own
+        fresh = _Window(limit, chat_id)
+        with self._run_lock:
+            window = self._windows.get(chat_id)
+            if window is None or window.dead:
+                expiry = self._expiry.get(fresh.per)
+                if expiry is None:
+                    expiry = self._expiry[fresh.per] = deque()
+                fresh.expiry = expiry
+                self._windows[chat_id] = window = fresh
+        return window
+
+    cdef int _record_locked(self, _Window window, double now) except -1:
+        # A chat's start: into its window, and onto the timer's list of
+        # windows to forget once their last start has left them.
+        window.add(now)
+        if not window.expiry:
+            self._timer_needed_locked(now + window.per)
+        window.expiry.append(window)
+        window.entries += 1
+        return 0
+
+    cdef int _park_locked(self, ChatQueue q, double until) except -1:
+        # Put an owned chat on the wake-up schedule (with _run_lock held).
+        self._wakeup_seq += 1
+        _heappush(self._wakeups, (until, self._wakeup_seq, q))
+        self._parked += 1
+        self._timer_needed_locked(until)
+        return 0
+
+    cdef int _return_grant(self, ChatQueue q) except -1:
+        with self._run_lock:
+            if q._granted and not FD_LOAD(&self._forced):  # force_close() reset the line
+                q._granted = False
+                self._granted -= 1
+                if self._line_len:
+                    self._timer_needed_locked(0.0)
+        return 0
+
+    cdef bint _refuse_head(self, ChatQueue q, object exc) except -1:
+        # The limiter could not judge this chat (limit_for or the chat id's
+        # __hash__/__eq__ failed): its next task fails with that error, the
+        # chat goes on with the one after.
+        cdef SendContext item
+        with q._lock:
+            item = q._retry_item
+            if item is not None:
+                q._retry_item = None
+            elif q._count:
+                item = q._pop()
+        if item is None:
+            return False
+        logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)
+        if not isinstance(exc, Exception):
+            exc = TypeError("pacing failed: %r" % (exc,))
+        if item._attempt > 1:
+            self._settle_started(item, exc, C_FAILED)
+        else:
+            self._finish(item, exc, C_FAILED)
+            self._maybe_drained()
+        return True
 
     cdef int _remove_locked(self, ChatQueue q) except -1:
         # With q._lock held: take q out of the chat map.  A dict never
@@ -803,15 +1170,16 @@ cdef class DispatcherCore:
                     queues.clear()
         return 0
 
-    cdef bint _run(self, SendContext item, ChatQueue q) except -1:
-        """Run one task.  Return False if it panicked."""
+    cdef int _run(self, SendContext item, ChatQueue q) except -1:
+        """Run one attempt of a task: _DONE, _PANICKED or _RETRYING."""
         cdef object future = item._future
         cdef object result = None
         cdef object error = None
         cdef object panic = None
-        if future is not None and not _future_start(future):
+        cdef int verdict
+        if item._attempt == 1 and future is not None and not _future_start(future):
             self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
-            return True
+            return _DONE
         if self._on_start is not None:
             try:
                 self._on_start(item.chat_id)
@@ -822,7 +1190,11 @@ cdef class DispatcherCore:
             if self._has_timeout:
                 item._deadline = item._t_start + self._send_timeout
                 item._has_deadline = True
-        self._register(item)
+        if not self._register(item):
+            # force_close() ran since this task left its queue: it never starts.
+            self._settle_started(item, Cancelled("the dispatcher was force-closed"),
+                                 C_CANCELLED)
+            return _DONE
         FD_ADD(&self._inflight, 1)
         try:
             result = item._fn(item)
@@ -839,7 +1211,14 @@ cdef class DispatcherCore:
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, C_FAILED)
             elif error is not None:
-                self._resolve(item, None, error, C_FAILED)
+                verdict = self._retry_later(item, q, error)
+                if verdict == _RETRYING:
+                    return _RETRYING
+                if verdict == _CANCELLED:
+                    self._resolve(item, None, Cancelled("the dispatcher was force-closed"),
+                                  C_CANCELLED)
+                else:
+                    self._resolve(item, None, error, C_FAILED)
             else:
                 self._resolve(item, result, None, C_COMPLETED)
         if panic is not None:
@@ -847,7 +1226,58 @@ cdef class DispatcherCore:
         item._fn = None
         FD_ADD(&self._pending, -1)
         self._maybe_drained()
-        return panic is None
+        return _PANICKED if panic is not None else _DONE
+
+    cdef int _retry_later(self, SendContext item, ChatQueue q, object error) except -1:
+        # SPEC §5: a RetryAfter, or a retry_on error, runs the same task
+        # again ahead of every later task of its chat.  Return _RETRYING,
+        # _DONE when it is not retried (it fails with ``error``), or
+        # _CANCELLED when force_close() came first.
+        cdef double delay, until
+        cdef int attempt = item._attempt
+        cdef bint is_retry_after = isinstance(error, RetryAfter)
+        if is_retry_after:
+            delay = error.seconds
+            if delay > self._max_retry_after:
+                return _DONE
+        elif self._retry_on and isinstance(error, self._retry_on):
+            delay = self._retry.backoff_delay(attempt)
+        else:
+            return _DONE
+        if attempt >= self._max_attempts:
+            return _DONE
+        until = <double>monotonic() + delay
+        with q._lock:
+            # Checked under the queue's lock: force_close() clears the
+            # queues under it after setting _forced, so either it sees this
+            # retry item or we see _forced.
+            if FD_LOAD(&self._forced):
+                return _CANCELLED
+            item._attempt = attempt + 1
+            item._has_deadline = False
+            q._retry_item = item
+        with self._run_lock:
+            if until > q._not_before:
+                q._not_before = until
+            if is_retry_after and error.scope == "global":
+                if until > self._pause_until:
+                    self._pause_until = until
+        FD_ADD(&self._retried, 1)
+        if self._on_retry is not None:
+            try:
+                self._on_retry(item.chat_id, attempt, delay, error)
+            except BaseException as exc:
+                self._hook_failed("on_retry", exc)
+        return _RETRYING
+
+    cdef int _settle_started(self, SendContext item, object error, int outcome) except -1:
+        # Resolve a task whose Future is already RUNNING but that will not
+        # run (again): force_close() came first, or pacing failed.
+        self._resolve(item, None, error, outcome)
+        item._fn = None
+        FD_ADD(&self._pending, -1)
+        self._maybe_drained()
+        return 0
 
     cdef int _resolve(self, SendContext item, object result, object error,
                       int outcome) except -1:
@@ -914,9 +1344,12 @@ cdef class DispatcherCore:
 
     # -------------------------------------------------- running tasks, deadlines
 
-    cdef int _register(self, SendContext item) except -1:
-        cdef bint start_timer = False
+    cdef bint _register(self, SendContext item) except -1:
+        # Enter a starting task in the running registry; False if
+        # force_close() already ran (then the task must not start).
         with self._run_lock:
+            if FD_LOAD(&self._forced):
+                return False
             item._prev = self._run_tail
             item._next = None
             if self._run_tail is None:
@@ -926,12 +1359,23 @@ cdef class DispatcherCore:
             self._run_tail = item
             item._registered = True
             if item._has_deadline:
-                if not self._timer_started:
-                    self._timer_started = start_timer = True
-                elif self._timer_state == _IDLE:
-                    self._wake_timer_locked()
-        if start_timer:
-            self._start_timer()
+                self._timer_needed_locked(item._deadline)
+        return True
+
+    cdef int _timer_needed_locked(self, double when) except -1:
+        # With _run_lock held: make sure the timer looks at its schedules no
+        # later than ``when`` (starting it on first use, waking it if it
+        # sleeps past that).
+        if not self._timer_started:
+            self._timer_started = True
+            try:
+                self._start_timer()
+            except BaseException:
+                # The OS refused a thread: the next caller tries again.
+                self._timer_started = False
+                logger.exception("could not start the timer thread")
+        elif when < self._timer_until:
+            self._wake_timer_locked()
         return 0
 
     cdef inline void _unlink_locked(self, SendContext item):
@@ -960,55 +1404,136 @@ cdef class DispatcherCore:
         # the state flag makes sure we never release it twice.
         if self._timer_state != _AWAKE:
             self._timer_state = _AWAKE
+            self._timer_until = _INF
             self._timer_wake.release()
         return 0
 
     def _timer_main(self):
-        """Body of the deadline thread.
+        """Body of the timer thread: deadlines, parked chats, the global line.
 
-        The registry is ordered by start time and every task gets the same
-        send_timeout, so it is also ordered by deadline: the timer only ever
-        looks at its head.  It sleeps until the head's deadline, or until
-        woken when a first task starts after a quiet spell.
+        Deadlines: the registry is ordered by start time and every task gets
+        the same send_timeout, so it is also ordered by deadline: the timer
+        only ever looks at its head.  Parked chats: a heap by wake-up time;
+        a chat whose time came goes back to the ready list.  The global
+        line: as places free up in the global window, the chats at the
+        front get a start each, in turn.  Windows whose last start has left
+        them are forgotten.  The timer sleeps until the earliest of these,
+        or until woken by something earlier.
         """
         cdef list expired
+        cdef list ready
         cdef SendContext item
-        cdef double now
-        cdef object delay
+        cdef double now, until, delay
         cdef bint stop, retry
         while True:
             expired = []
+            ready = []
             stop = False
             with self._run_lock:
                 if self._timer_stop:
                     stop = True
                 else:
                     now = monotonic()
-                    delay = None
-                    while self._run_head is not None:
-                        item = self._run_head
-                        if item._deadline > now:
-                            delay = item._deadline - now
-                            break
-                        self._unlink_locked(item)
-                        expired.append(item)
+                    until = _INF
+                    if self._has_timeout:
+                        while self._run_head is not None:
+                            item = self._run_head
+                            if item._deadline > now:
+                                until = item._deadline
+                                break
+                            self._unlink_locked(item)
+                            expired.append(item)
                     if not expired:
-                        self._timer_state = _IDLE if delay is None else _UNTIL_DEADLINE
+                        until = min(until, self._pacing_tick_locked(now, ready))
+                        self._timer_until = until
+                        self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
             if stop:
                 return
-            if expired:
-                for item in expired:
-                    self._expire(item, _BY_TIMEOUT)
+            for item in expired:
+                self._expire(item, _BY_TIMEOUT)
+            for q in ready:
+                self._schedule(<ChatQueue>q)
+            if expired or ready:
                 continue
-            if self._timer_wake.acquire(True, -1 if delay is None else delay):
+            if until == _INF:
+                delay = -1.0
+            else:
+                delay = until - <double>monotonic()
+                if delay < 0.0:
+                    delay = 0.0
+            if self._timer_wake.acquire(True, delay):
                 continue
             with self._run_lock:
                 retry = self._timer_state != _AWAKE
                 if retry:
                     self._timer_state = _AWAKE
+                    self._timer_until = _INF
             if not retry:
                 # Woken just after the timeout: consume that release.
                 self._timer_wake.acquire()
+
+    cdef double _pacing_tick_locked(self, double now, list ready) except? -1.0:
+        # With _run_lock held: move parked chats whose time came to
+        # ``ready``, grant starts from the global line, forget stale
+        # windows.  Return when to look again.
+        cdef double until = _INF
+        cdef double stamp, per
+        cdef ChatQueue q
+        cdef _Window window
+        cdef _Window glob = self._global_window
+        cdef list wakeups = self._wakeups
+        while wakeups:
+            if <double>wakeups[0][0] > now:
+                until = wakeups[0][0]
+                break
+            ready.append(_heappop(wakeups)[2])
+            self._parked -= 1
+        line = self._line
+        if self._line_len:
+            if self._pause_until > now:
+                until = min(until, self._pause_until)
+            else:
+                while self._line_len and glob.next_start(self._granted) <= now:
+                    q = line.popleft()
+                    self._line_len -= 1
+                    q._granted = True
+                    self._granted += 1
+                    self._parked -= 1
+                    ready.append(q)
+                if self._line_len:
+                    until = min(until, glob.next_start(self._granted))
+        for per_key, expiry in self._expiry.items():
+            # One entry per start, in start order; an entry is stale when
+            # its window has later ones (it started again since).
+            per = per_key
+            while expiry:
+                window = expiry[0]
+                if window.entries == 1:
+                    stamp = window.last() + per
+                    if stamp > now:
+                        until = min(until, stamp)
+                        break
+                    self._forget_window_locked(window)
+                window.entries -= 1
+                expiry.popleft()
+        return until
+
+    cdef int _forget_window_locked(self, _Window window) except -1:
+        # Its last start left the window: the chat's limit no longer
+        # constrains anything, so the window goes (a chat's next start makes
+        # a new one).  The chat id's __hash__/__eq__ run here: whatever they
+        # do, the timer goes on (the entry is then simply kept).
+        window.dead = True
+        try:
+            if self._windows.get(window.key) is window:
+                del self._windows[window.key]
+                if not self._windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self._windows.clear()
+        except BaseException:
+            logger.exception("could not forget the rate-limit window of a chat")
+        return 0
 
     def _stop_timer(self):
         with self._run_lock:
@@ -1042,25 +1567,46 @@ cdef class DispatcherCore:
         FD_STORE(&self._closed, 1)
 
     def _cancel_everything(self):
-        """force_close(): cancel running tasks and every waiting task."""
+        """force_close(): cancel running, retrying, parked and waiting tasks."""
         cdef list running = []
+        cdef list parked
         cdef list waiting
-        cdef SendContext item
+        cdef SendContext item, retrying
         cdef ChatQueue q
         FD_STORE(&self._closed, 1)
         with self._run_lock:
+            FD_STORE(&self._forced, 1)
             while self._run_head is not None:
                 item = self._run_head
                 self._unlink_locked(item)
                 running.append(item)
+            parked = [entry[2] for entry in self._wakeups]
+            parked.extend(self._line)
+            self._wakeups = []
+            self._line.clear()
+            self._line_len = 0
+            self._parked = self._granted = 0
+            self._pause_until = 0.0
         for item in running:
             self._expire(item, _BY_FORCE)
         for q in list(self._queues.values()):
             with q._lock:
+                retrying = q._retry_item
+                q._retry_item = None
                 waiting = q._clear()
+            if retrying is not None:
+                self._settle_started(retrying, Cancelled("the dispatcher was force-closed"),
+                                     C_CANCELLED)
             for item in waiting:
                 self._finish(item, Cancelled("the dispatcher was force-closed"),
                              C_CANCELLED)
+        # Parked chats are owned by nobody but the timer's schedule, which
+        # is now empty: hand them to workers, which find them empty and
+        # remove them.
+        for q in parked:
+            q._not_before = 0.0
+            q._granted = False
+            self._schedule(q)
         self._maybe_drained()
 
     def _stop_workers(self):

@@ -470,7 +470,9 @@ class Context:
         to the same chat, and goes on after the handler returns.  This method
         never raises: a missing sender or dispatcher, a full chat queue
         (``QueueFull``), a closed dispatcher (``DispatcherClosed``) or a bad
-        argument all come back as an already-failed Future.
+        argument all come back as an already-failed Future.  The submit
+        happens with the event's span (``ctx.span``) current, so a traced
+        dispatcher makes each send attempt a child of the event.
         """
         try:
             if not isinstance(message, TextMessage):
@@ -487,7 +489,13 @@ class Context:
             chat = self._event.chat
             request = SendRequest(target=chat, message=message)
             send = sender.send
-            return dispatcher.submit(chat.id, lambda sc: send(sc, request))
+            span = self._span
+            if span is None:
+                return dispatcher.submit(chat.id, lambda sc: send(sc, request))
+            # Submit with the event's span current, so that whatever traces
+            # the send (fastdispatch.metrics.TracedDispatcher) parents it there.
+            return _call_in_span(span, dispatcher.submit, chat.id,
+                                 lambda sc: send(sc, request))
         except Exception as exc:
             return _failed(exc)
 

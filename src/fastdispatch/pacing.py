@@ -3,7 +3,8 @@
 These are plain, immutable values checked when they are made; the work they
 describe is done inside the dispatcher core (``_ringbuf.pyx`` and its twin),
 where a chat that may not start yet is parked on the timer thread's wake-up
-schedule instead of holding a worker.  ``docs/pacing.md`` explains the
+schedule instead of holding a worker.
+https://github.com/fastdispatch/fastdispatch/blob/main/docs/pacing.md explains the
 choices: why a sliding window and not a token bucket, and how a
 ``RetryAfter`` pauses one chat (or, with ``scope="global"``, all of them)
 without reordering anything.

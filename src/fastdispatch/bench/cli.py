@@ -1,0 +1,124 @@
+"""``python -m fastdispatch bench``: run the registered sections and print their tables."""
+
+import argparse
+import importlib
+import sys
+import time
+
+from . import SECTIONS, dispatcher
+from .dispatcher import QUICK_SCALE, RETRIES
+from .contenders import _ringbuf
+from .report import HEADER, describe_machine, format_table
+
+__all__ = ["main"]
+
+
+# --plot's sweeps, seconds on two cores: about 40 s idle (measured before the
+# split); the busy end scaled like the targets' (x3), not measured.
+PLOT_ESTIMATE = (40, 120)
+
+NOISE_NOTE = """\
+Ratios are of medians measured in this run, side by side, so a busy machine
+slows both sides; still, one slow spell can sink one run.  A missed target's
+scenario is measured again (up to %d times, --retries) and the best run is
+shown, with how many runs met the target: "MISSED (0 of 3 runs)" is a real
+miss.  Steadier figures: the pytest-benchmark suite in bench/ (more rounds)
+and bench/instructions.py (instruction counts, no timing noise)."""
+
+
+def _progress_printer():
+    t0 = time.perf_counter()
+
+    def progress(msg):
+        sys.stderr.write("  [%4.0f s] %s\n" % (time.perf_counter() - t0, msg))
+        sys.stderr.flush()
+
+    return progress
+
+
+def estimate(sections, quick, plot=False):
+    """(low, high) seconds for a run of ``sections`` on a two-core machine."""
+    low = high = 0
+    for section in sections:
+        full, fast = getattr(section, "ESTIMATE", ((0, 0), (0, 0)))
+        lo, hi = fast if quick else full
+        low, high = low + lo, high + hi
+    if plot:
+        low, high = low + PLOT_ESTIMATE[0], high + PLOT_ESTIMATE[1]
+    return low, high
+
+
+def load_sections(names=SECTIONS):
+    """The section modules, in registry order."""
+    return [importlib.import_module("." + name, __package__) for name in names]
+
+
+def main(argv=None):
+    """``python -m fastdispatch bench [--quick] [--section NAME] [--plot FILE.png]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fastdispatch bench",
+        description="Measure fastdispatch against a thread pool, a naive per-chat "
+                    "dispatcher, its pure-Python twin and the cost of a bare Future; "
+                    "print medians and the target ratios.")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer rounds (x%g): a first look, noisier" % QUICK_SCALE)
+    parser.add_argument("--section", action="append", choices=SECTIONS, metavar="NAME",
+                        help="run only this section (repeatable; one of: %s)"
+                             % ", ".join(SECTIONS))
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also sweep chats and producer threads and draw the "
+                             "throughput (needs matplotlib)")
+    parser.add_argument("--rounds-scale", type=float, default=1.0, metavar="X",
+                        help="multiply the dispatcher section's number of rounds "
+                             "(default 1.0)")
+    parser.add_argument("--retries", type=int, default=RETRIES, metavar="N",
+                        help="measure a missed target's scenario again up to N times "
+                             "and keep the best run (default %d; 0: never)" % RETRIES)
+    parser.add_argument("--details", action="store_true",
+                        help="also print every contender's median per scenario")
+    args = parser.parse_args(argv)
+    if args.rounds_scale <= 0:
+        parser.error("--rounds-scale must be > 0, got %g" % args.rounds_scale)
+    if args.retries < 0:
+        parser.error("--retries must be >= 0, got %d" % args.retries)
+    if args.plot:
+        try:
+            import matplotlib  # type: ignore[import-not-found]  # noqa: F401  (fail early)
+        except ImportError:
+            parser.error("--plot needs matplotlib: pip install 'fastdispatch[plot]'")
+
+    print("fastdispatch bench -- %s" % describe_machine())
+    if _ringbuf is None:
+        print("WARNING: the compiled core is missing; 'fastdispatch' below is the "
+              "pure-Python twin.")
+    sections = load_sections(args.section or SECTIONS)
+    low, high = estimate(sections, args.quick, bool(args.plot))
+    sys.stdout.flush()
+    sys.stderr.write("estimated time: %.0f-%.0f s on two cores (the upper end on a busy "
+                     "machine)%s; progress below\n"
+                     % (low * args.rounds_scale, high * args.rounds_scale,
+                        "" if args.quick else "; --quick takes about a third"))
+    progress = _progress_printer()
+    t0 = time.perf_counter()
+    for section in sections:
+        progress("section: %s" % section.TITLE)
+        if section is dispatcher:
+            rows = section.run(args.quick, progress, rounds_scale=args.rounds_scale,
+                               details=args.details, retries=args.retries)
+        else:
+            rows = section.run(args.quick, progress)
+        print("\n" + section.TITLE)
+        print(format_table(getattr(section, "HEADER", HEADER), rows))
+    if args.plot:
+        from .plot import plot, run_sweeps
+        by_chats, by_producers = run_sweeps(max(3, int(round(3 * args.rounds_scale))), progress)
+        plot(by_chats, by_producers, args.plot)
+        print("\nplot written to %s" % args.plot)
+    if dispatcher in sections:
+        print("\n" + NOISE_NOTE % args.retries)
+    print("\n(%.0f s)" % (time.perf_counter() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
