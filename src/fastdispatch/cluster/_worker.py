@@ -32,8 +32,9 @@ One message, in order:
    it to the dead-letter subject with the error, then acknowledge.
 
 Failure handling.  NATS or Redis unreachable: the worker logs a clear error
-naming the URL and retries with exponential back-off (0.5 s up to 10 s); it
-never exits for it and never acknowledges a message it could not send.  A
+naming the URL and keeps trying (NATS: nats-py's own reconnect loop, every
+2 s; Redis: exponential back-off from 0.5 s up to 10 s); it never exits for
+it and never acknowledges a message it could not send.  A
 worker that dies (``kill -9``) leaves its messages unacknowledged: the server
 redelivers them after ``ack_wait`` to another worker, still in order.
 
