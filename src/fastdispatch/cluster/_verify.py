@@ -13,23 +13,25 @@ gave.
 import glob
 import os
 from collections import defaultdict
+from typing import NamedTuple
 
 __all__ = ["Record", "read_file_records", "parse_record", "verify", "Verdict"]
 
 
-class Record(tuple):
-    __slots__ = ()
-    chat = property(lambda self: self[0])
-    seq = property(lambda self: self[1])
-    start = property(lambda self: self[2])
-    end = property(lambda self: self[3])
-    pid = property(lambda self: self[4])
-    key = property(lambda self: self[5])
+class Record(NamedTuple):
+    """One finished send, as the sender recorded it."""
+
+    chat: str
+    seq: int
+    start: float
+    end: float
+    pid: int
+    key: str
 
 
 def parse_record(line):
     chat, seq, start, end, pid, key = line.split()
-    return Record((chat, int(seq), float(start), float(end), int(pid), key))
+    return Record(chat, int(seq), float(start), float(end), int(pid), key)
 
 
 def read_file_records(directory):
