@@ -26,8 +26,8 @@ import nats  # the 'cluster' extra: a missing one fails the tests, never skips t
 import redis
 
 from fastdispatch import OutboundDispatcher, RateLimit
-from fastdispatch.cluster import (ClusterProducer, ClusterUnavailable, ShardMismatch,
-                                  SharedLimiter, dead_stream)
+from fastdispatch.cluster import (ClusterProducer, ClusterUnavailable, ClusterWorker,
+                                  ShardMismatch, SharedLimiter, dead_stream)
 from fastdispatch.cluster._demo import LocalCluster, wait_for
 from fastdispatch.cluster._servers import NatsServer, RedisServer, free_port
 from fastdispatch.cluster._verify import _max_in_window, parse_record, read_file_records, verify
@@ -379,6 +379,24 @@ def test_producer_rejects_bad_arguments_at_the_call(tmp_path):
                 producer.publish("c", b"x", key=5)
             assert producer.publish("c", b"x", key="k1") == "k1"
             assert len(producer.publish(12345, b"x")) == 32
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(max_inflight=0), ValueError, "max_inflight"),
+    (dict(send_timeout="x"), TypeError, "send_timeout"),
+    (dict(ack_wait=-1), ValueError, "ack_wait"),
+    (dict(global_limit="30/1"), TypeError, "global_limit"),
+    (dict(chat_limit=1), TypeError, "chat_limit"),
+    (dict(shards=0), ValueError, "shards"),
+    (dict(stream="a b"), ValueError, "stream"),
+    (dict(limit_guard=-0.1), ValueError, "limit_guard"),
+])
+def test_worker_rejects_bad_arguments_at_the_call(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        ClusterWorker(lambda sc, chat, payload, key: None, nats_url="nats://127.0.0.1:1",
+                      redis_url="redis://127.0.0.1:1/0", **kwargs)
+    with pytest.raises(TypeError, match="sender"):
+        ClusterWorker(None, nats_url="nats://127.0.0.1:1", redis_url="redis://127.0.0.1:1/0")
 
 
 class _Ctx:

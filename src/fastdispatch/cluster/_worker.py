@@ -53,12 +53,13 @@ import socket
 import threading
 import time
 
-from .. import OutboundDispatcher, RetryPolicy
+from .. import OutboundDispatcher, RateLimit, RetryPolicy
+from ..pacing import _positive_seconds as _seconds
 from .._errors import Cancelled, DispatcherClosed
 from ._limiter import SharedLimiter
 from ._loop import LoopThread
 from ._topology import (DEFAULT_ACK_WAIT, HDR_CHAT, HDR_ERROR, HDR_KEY, HDR_SEQ, HDR_WORKER,
-                        ShardMismatch, check_stream_name, consumer_name, dead_stream,
+                        ShardMismatch, check_shards, check_stream_name, consumer_name, dead_stream,
                         dead_subject_for, ensure_topology)
 
 __all__ = ["ClusterWorker", "WorkerStats"]
@@ -137,18 +138,28 @@ class ClusterWorker:
             if not isinstance(url, str) or not url:
                 raise TypeError("%s must be a non-empty str, got %r" % (name, url))
         self.stream = check_stream_name(stream)
+        for name, limit in (("global_limit", global_limit), ("chat_limit", chat_limit)):
+            if limit is not None and not isinstance(limit, RateLimit):
+                raise TypeError("%s must be a RateLimit or None, got %r"
+                                % (name, type(limit).__name__))
+        if shards is not None:
+            check_shards(shards)
+        self._ack_wait = _seconds("ack_wait", ack_wait)
+        self._guard = _seconds("limit_guard", limit_guard, allow_zero=True)
+        self._fetch_timeout = _seconds("fetch_timeout", fetch_timeout)
+        self._key_ttl = int(_seconds("key_ttl", key_ttl))
+        self._retry = RetryPolicy() if retry is None else retry
+        # Made here so that bad sizes and timeouts raise at the call; its
+        # worker threads start only when the first send is submitted.
+        self._dispatcher = OutboundDispatcher(max_inflight=max_inflight,
+                                              send_timeout=send_timeout, retry=self._retry)
+        self._grace = (send_timeout or 30.0) + 5.0 if grace is None else _seconds(
+            "grace", grace, allow_zero=True)
         self._sender = sender
         self.nats_url, self.redis_url = nats_url, redis_url
-        self._max_inflight = max_inflight
         self._global_limit, self._chat_limit = global_limit, chat_limit
         self._send_timeout = send_timeout
-        self._retry = RetryPolicy() if retry is None else retry
-        self._ack_wait = float(ack_wait)
         self._shards_wanted = shards
-        self._guard = float(limit_guard)
-        self._key_ttl = int(key_ttl)
-        self._grace = (send_timeout or 30.0) + 5.0 if grace is None else float(grace)
-        self._fetch_timeout = float(fetch_timeout)
         self._done_prefix = "fastdispatch:{%s}:done:" % (self.stream,)
         self._identity = "%s:%d" % (socket.gethostname(), os.getpid())
         self.stats = WorkerStats()
@@ -158,7 +169,6 @@ class ClusterWorker:
         self._stop_event = None     # asyncio.Event, created on the loop
         self._stop_requested = threading.Event()
         self._finished = threading.Event()
-        self._dispatcher = None
         self._redis = None          # sync client, used by the dispatcher's threads
         self._aredis = None         # asyncio client, used by the loop thread
         self._limiter = None
@@ -366,9 +376,6 @@ class ClusterWorker:
 
         self._limiter = SharedLimiter(self._redis, self.stream, self._global_limit,
                                       self._chat_limit, guard=self._guard)
-        self._dispatcher = OutboundDispatcher(max_inflight=self._max_inflight,
-                                              send_timeout=self._send_timeout,
-                                              retry=self._retry)
         log.info("worker %s: stream %r, %d shards, ack_wait %.1f s, global limit %r, "
                  "chat limit %r", self._identity, self.stream, self.shards, ack_wait,
                  self._global_limit, self._chat_limit)
