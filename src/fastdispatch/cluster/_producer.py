@@ -17,7 +17,8 @@ import uuid
 
 from ._loop import LoopThread
 from ._topology import (DEFAULT_ACK_WAIT, DEFAULT_SHARDS, HDR_CHAT, HDR_KEY, check_shards,
-                        check_stream_name, ensure_topology, shard_of, subject_for)
+                        check_stream_name, ensure_topology, require_clients, shard_of,
+                        subject_for)
 
 __all__ = ["ClusterProducer", "ClusterUnavailable"]
 
@@ -58,6 +59,7 @@ class ClusterProducer:
             raise TypeError("nats_url must be a non-empty str, got %r" % (nats_url,))
         self.stream = check_stream_name(stream)
         self.shards = check_shards(shards)
+        require_clients("nats")
         self.nats_url = nats_url
         self._publish_timeout = float(publish_timeout)
         self._loop = LoopThread("fastdispatch-producer-loop")

@@ -46,6 +46,19 @@ _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _PLAIN_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+def require_clients(*names):
+    """Import nats-py / redis-py, or say which extra brings them."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            dist = {"nats": "nats-py"}.get(name, name)
+            raise ImportError("fastdispatch.cluster needs %s (import %r failed): "
+                              "pip install 'fastdispatch[cluster]'" % (dist, name)) from exc
+
+
 class ShardMismatch(ValueError):
     """The stream exists with another shard count than the one asked for."""
 

@@ -59,8 +59,8 @@ from .._errors import Cancelled, DispatcherClosed
 from ._limiter import SharedLimiter
 from ._loop import LoopThread
 from ._topology import (DEFAULT_ACK_WAIT, HDR_CHAT, HDR_ERROR, HDR_KEY, HDR_SEQ, HDR_WORKER,
-                        ShardMismatch, check_shards, check_stream_name, consumer_name, dead_stream,
-                        dead_subject_for, ensure_topology)
+                        ShardMismatch, check_shards, check_stream_name, consumer_name,
+                        dead_stream, dead_subject_for, ensure_topology, require_clients)
 
 __all__ = ["ClusterWorker", "WorkerStats"]
 
@@ -138,6 +138,7 @@ class ClusterWorker:
             if not isinstance(url, str) or not url:
                 raise TypeError("%s must be a non-empty str, got %r" % (name, url))
         self.stream = check_stream_name(stream)
+        require_clients("nats", "redis")
         for name, limit in (("global_limit", global_limit), ("chat_limit", chat_limit)):
             if limit is not None and not isinstance(limit, RateLimit):
                 raise TypeError("%s must be a RateLimit or None, got %r"
