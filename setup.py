@@ -8,10 +8,12 @@ printed).  ``FASTDISPATCH_NO_EXTENSIONS=1`` skips the build on purpose;
 """
 
 import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 
 def _flag(name):
@@ -60,6 +62,21 @@ class OptionalBuildExt(build_ext):
             "installing the pure-Python implementation instead.\n\n" % (reason,))
 
 
+class FreshBuildPy(build_py):
+    """build_py that starts from an empty ``build/lib*/fastdispatch``.
+
+    setuptools copies the package into ``build/`` but never removes what is
+    no longer in the sources: a module deleted or renamed since an earlier
+    build in the same checkout would still be copied into the wheel.
+    """
+
+    def run(self):
+        stale = os.path.join(self.build_lib, "fastdispatch")
+        if os.path.isdir(stale):
+            shutil.rmtree(stale)
+        super().run()
+
+
 def _extensions():
     if _flag("FASTDISPATCH_NO_EXTENSIONS"):
         return []
@@ -79,4 +96,5 @@ def _extensions():
     return cythonize([ext], compiler_directives={"language_level": "3"}, quiet=True)
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=_extensions(),
+      cmdclass={"build_ext": OptionalBuildExt, "build_py": FreshBuildPy})

@@ -457,17 +457,23 @@ def test_future_from_submit_behaves_like_a_plain_future(make_dispatcher):
     d = make_dispatcher()
     started, gate = threading.Event(), threading.Event()
     fut = d.submit("c", lambda sc: (started.set(), gate.wait(10), "value")[2])
-    assert type(fut) is concurrent.futures.Future
+    # A subclass only in how it runs done-callbacks (see test_error_paths.py).
+    assert isinstance(fut, concurrent.futures.Future)
+    assert type(fut).__bases__ == (concurrent.futures.Future,)
+    assert {k for k in vars(type(fut)) if not k.startswith("__")} == {"_invoke_callbacks"}
     assert started.wait(10)
     assert fut.running() and not fut.done() and not fut.cancel()
     called = []
-    fut.add_done_callback(called.append)
+    callback_ran = threading.Event()
+    fut.add_done_callback(lambda f: (called.append(f), callback_ran.set()))
     released = []
     waiter = threading.Thread(target=lambda: released.append(fut.result(10)))
     waiter.start()
     time.sleep(0.05)                        # the waiter is blocked in result()
     gate.set()
     waiter.join(10)
+    # The worker runs the callbacks after it has woken the waiter.
+    assert callback_ran.wait(10)
     assert released == ["value"] and called == [fut]
     assert fut.done() and fut.exception() is None and "finished" in repr(fut)
     # A task that fails with no one waiting: the exception is stored all the same.

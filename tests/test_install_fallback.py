@@ -1,4 +1,5 @@
-"""An install without a working compiler never ships a compiled core it did not build.
+"""An install without a working compiler never ships a compiled core it did not build,
+and no build ships a module that the sources no longer have.
 
 A checkout reinstalled with pip builds in place, in ``build/``.  After a
 build with a compiler, ``build/`` holds a compiled ``_ringbuf``; a later
@@ -48,6 +49,9 @@ def test_compiler_failure_never_ships_an_old_compiled_core(tmp_path):
     stale.write_bytes(b"an extension compiled by an earlier build")
     future = 4102444800   # 2100-01-01: newer than every source
     os.utime(stale, (future, future))
+    # And a module an earlier build copied that the sources no longer have.
+    removed = build_lib / "fastdispatch" / "_renamed_since.py"
+    removed.write_text("raise ImportError('a module from an earlier build')\n")
 
     env = dict(os.environ, CC="false", CXX="false", PIP_DISABLE_PIP_VERSION_CHECK="1")
     for name in ("FASTDISPATCH_REQUIRE_EXTENSIONS", "FASTDISPATCH_NO_EXTENSIONS"):
@@ -67,5 +71,6 @@ def test_compiler_failure_never_ships_an_old_compiled_core(tmp_path):
     with zipfile.ZipFile(str(wheel)) as zf:
         names = zf.namelist()
     assert "fastdispatch/_core_py.py" in names
+    assert "fastdispatch/_renamed_since.py" not in names
     assert [n for n in names if "_ringbuf" in n and n.endswith((".so", ".pyd"))] == []
     assert not stale.exists()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fastdispatch import QueueFull
+from fastdispatch import DispatcherHooks, QueueFull
 
 pytestmark = pytest.mark.stress
 
@@ -204,44 +204,31 @@ def test_chat_queue_churn_keeps_fifo_and_exclusivity(
         assert d.active_chats == 0
 
 
-class RemovalRaceChat:
-    """A chat id that holds the worker inside its queue-removal critical section.
-
-    The first time a worker thread hashes it after ``arm()`` (that is, while
-    the worker removes the chat's empty queue, holding the queue's lock), it
-    signals ``in_removal`` and lingers, so that a submitter can look the
-    queue up and block on its lock at exactly the wrong moment.
-    """
-
-    def __init__(self):
-        self.armed = False
-        self.in_removal = threading.Event()
-
-    def arm(self):
-        self.armed = True
-
-    def __hash__(self):
-        if self.armed and threading.current_thread().name.startswith("fastdispatch-worker"):
-            self.armed = False
-            self.in_removal.set()
-            time.sleep(0.2)
-        return 42
-
-    def __eq__(self, other):
-        return self is other
-
-
-def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher):
+def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher, impl, monkeypatch):
     # Regression test for the self-removal race of SPEC §2.3.4, made
     # deterministic: the submitter finds the queue just before the worker
     # removes it and waits for its lock.  Without the re-check it pushes onto
     # the orphaned queue; the chat's next task then gets a second queue and
     # a second worker, and runs while the first one is still running.
-    d = make_dispatcher(max_inflight=4)
-    chat = RemovalRaceChat()
-    chat.arm()
-    d.submit(chat, lambda sc: None)
-    assert chat.in_removal.wait(10)
+    # The submitter is held where it stamps the task with the clock, which
+    # it does between the lookup and taking the queue's lock (no chat-id
+    # code runs inside the worker's removal to hold it there instead).
+    real_monotonic = impl.core.monotonic
+    held = threading.Event()
+    hold = {"thread": None}
+
+    def monotonic():
+        if threading.current_thread() is hold["thread"]:
+            hold["thread"] = None
+            held.set()
+            assert _wait_until_true(lambda: d.active_chats == 0)   # queue removed
+        return real_monotonic()
+
+    monkeypatch.setattr(impl.core, "monotonic", monotonic)
+    d = make_dispatcher(max_inflight=4, hooks=DispatcherHooks(on_done=lambda info: None))
+    chat = "c"
+    release = threading.Event()
+    d.submit(chat, lambda sc: release.wait(10))
     running = threading.Event()
     gate = threading.Event()
     second_started = threading.Event()
@@ -252,7 +239,10 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher):
         return "first"
 
     submitter = threading.Thread(target=lambda: d.submit(chat, first))
+    hold["thread"] = submitter
     submitter.start()
+    assert held.wait(10)          # it found the queue of the running task
+    release.set()                 # which now ends: the worker removes the queue
     assert running.wait(10)
     submitter.join(10)
     second = d.submit(chat, lambda sc: second_started.set())
@@ -263,3 +253,12 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher):
     assert not overlapped, "two tasks of the same chat ran at the same time"
     assert d.drain(timeout=10)
     assert d.active_chats == 0
+
+
+def _wait_until_true(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

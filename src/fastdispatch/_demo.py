@@ -1,10 +1,25 @@
-"""``python -m fastdispatch demo``: many chats, simulated network, verified order.
+"""``python -m fastdispatch demo``: the Telegram path end to end, in seconds.
 
-Several producer threads play bot handlers replying to hundreds of chats; a
-fake platform API sleeps for a random latency per send (the network).  At the
-end the demo checks that every chat received its messages in the order they
-were sent, with never two sends of one chat in flight at once, and prints
-throughput and latency percentiles.  Exit status 0 means every check held.
+Producer threads play bot handlers replying to hundreds of chats (some of
+them groups).  Every reply goes through an ``OutboundDispatcher`` with
+``Pacing`` and a ``RetryPolicy``, into ``TelegramSender``, over real HTTP
+(keep-alive, one shared pool) to a ``FakeTelegramServer`` on 127.0.0.1 that
+enforces Telegram's limits with every window divided by ``--speedup`` (at 10:
+1 message per 100 ms per chat, 20 per 6 s per group, 30 per 100 ms bot-wide)
+and answers a send over a limit with a real 429.
+
+With pacing matching the limits, no 429 should come back (the server
+shortens its windows by ``--tolerance`` for the time between a paced start
+and the request reaching the server; a busy machine can exceed it, and the
+summary then says so: those sends are retried, in order).  ``--inject-429``
+and ``--inject-5xx`` make the server refuse a share of sends anyway (the
+dispatcher retries them, keeping each chat's order); ``--no-pacing`` shows
+what happens without it.  The summary checks, on the server's own record,
+that every chat received its messages exactly once and in order, and
+reports throughput against the bot-wide limit, the limit-imposed minimum
+time, and latency percentiles.  Exit status 0 means every check held.
+
+Needs the ``telegram`` extra (urllib3).
 """
 
 import argparse
@@ -13,33 +28,11 @@ import sys
 import threading
 import time
 
-from . import IMPLEMENTATION, OutboundDispatcher
-
-
-class FakePlatform:
-    """Stands in for a chat API: records arrival order and per-chat overlap."""
-
-    def __init__(self, latency_ms, seed):
-        self._latency = latency_ms / 1000.0
-        self._rng = random.Random(seed)
-        self._rng_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self.received = {}
-        self.in_flight = {}
-        self.overlaps = 0
-
-    def send(self, sc, chat, seq):
-        with self._rng_lock:
-            delay = self._rng.uniform(0.5, 1.5) * self._latency
-        with self._lock:
-            self.in_flight[chat] = self.in_flight.get(chat, 0) + 1
-            if self.in_flight[chat] > 1:
-                self.overlaps += 1
-        sc.wait(delay)  # a real client would use sc.remaining() as its timeout
-        with self._lock:
-            self.in_flight[chat] -= 1
-            self.received.setdefault(chat, []).append(seq)
-        return seq
+DESCRIPTION = (
+    "Thousands of messages to hundreds of chats through TelegramSender over HTTP into a "
+    "local FakeTelegramServer with Telegram's limits scaled down by --speedup, paced by "
+    "the dispatcher; checks per-chat order on the server's record and reports 429s, "
+    "throughput against the limit and latency percentiles.")
 
 
 def _percentile(sorted_values, q):
@@ -50,105 +43,327 @@ def _percentile(sorted_values, q):
 
 
 def _bar(done, total, started, width=30):
-    filled = int(width * done / total)
+    filled = int(width * done / total) if total else width
     elapsed = time.monotonic() - started
     return "\r  [%s%s] %6d/%d sends  %5.1fs" % (
         "#" * filled, "." * (width - filled), done, total, elapsed)
 
 
-def run(messages, chats, producers, latency_ms, max_inflight, seed, out):
-    platform = FakePlatform(latency_ms, seed)
+def _min_time(n, limit):
+    """The least time ``n`` starts can take under a sliding-window limit."""
+    if limit is None or n <= 0:
+        return 0.0
+    return ((n - 1) // limit.count) * limit.per
+
+
+def plan_messages(messages, chats, groups, seed):
+    """Chat ids (a share of them groups, negative ids) and how many messages
+    each gets: every chat at least one, the rest at random."""
+    rng = random.Random(seed)
+    n_groups = int(round(chats * groups))
+    ids = ["-100%d" % (1000 + i) for i in range(n_groups)]
+    ids += [str(10000 + i) for i in range(chats - n_groups)]
+    counts = dict.fromkeys(ids, 1)
+    for _ in range(messages - chats):
+        counts[rng.choice(ids)] += 1
+    return counts
+
+
+def run(args, out):
+    from . import OutboundDispatcher, Pacing, RetryAfter, RetryPolicy, IMPLEMENTATION
+    from .platform import ChatInfo, SendRequest, TextMessage
+    from .telegram import TelegramNetworkError, TelegramSender
+    from .testing import FakeTelegramServer, telegram_limits
+
+    limits = telegram_limits(args.speedup)
+    chat_limit, group_limit, global_limit = (
+        limits["chat_limit"], limits["group_limit"], limits["global_limit"])
+    counts = plan_messages(args.messages, args.chats, args.groups, args.seed)
+    total = sum(counts.values())
+    latency = args.latency_ms / 1000.0
+    # The server shortens its windows by a little, for the scheduling jitter
+    # between a worker starting a send and the server reading it (at real
+    # Telegram scale, 1 s windows, it is noise; at 50 ms it is not).
+    tolerance = min(chat_limit.per, global_limit.per) * args.tolerance
+    server = FakeTelegramServer(**limits, tolerance=tolerance,
+                                latency=(0.5 * latency, 1.5 * latency), seed=args.seed)
+    if args.inject_429 or args.inject_5xx:
+        server.set_fault_rates(too_many=args.inject_429, error=args.inject_5xx,
+                               retry_after=chat_limit.per)
+
+    pacing = None
+    if not args.no_pacing:
+        pacing = Pacing(global_limit=global_limit, chat_limit=chat_limit,
+                        limit_for=lambda chat_id: group_limit if chat_id[:1] == "-" else None)
+    retry = RetryPolicy(max_attempts=args.max_attempts, backoff=chat_limit.per / 2,
+                        max_backoff=chat_limit.per * 4, max_retry_after=60.0)
+
+    lock = threading.Lock()  # guards the counters and latencies below
+    received = {"429": 0, "5xx": 0}
     latencies = []
-    lat_lock = threading.Lock()
+    round_trips = []
     done = [0]
 
-    def make_task(chat, seq, t_submit):
+    def make_task(sender, request, t_submit):
         def task(sc):
-            result = platform.send(sc, chat, seq)
-            with lat_lock:
-                latencies.append(time.monotonic() - t_submit)
+            t_start = time.monotonic()
+            try:
+                result = sender.send(sc, request)
+            except RetryAfter:
+                with lock:
+                    received["429"] += 1
+                raise
+            except TelegramNetworkError:
+                with lock:
+                    received["5xx"] += 1
+                raise
+            now = time.monotonic()
+            with lock:
+                latencies.append(now - t_submit)
+                round_trips.append(now - t_start)
                 done[0] += 1
             return result
         return task
 
-    # Each chat's messages are numbered by the single producer that owns it,
-    # so "submission order" is well defined per chat.
+    chat_ids = list(counts)
+    owned = [chat_ids[i::args.producers] for i in range(args.producers)]
+
     def produce(index, futures):
-        rng = random.Random(seed + index)
-        owned = [c for c in range(chats) if c % producers == index]
-        counters = dict.fromkeys(owned, 0)
-        for _ in range(messages // producers):
-            chat = rng.choice(owned)
-            seq = counters[chat]
-            counters[chat] += 1
-            futures.append(d.submit(chat, make_task(chat, seq, time.monotonic())))
+        # One producer owns each chat, so "submission order" is well defined.
+        rng = random.Random(args.seed + index)
+        todo = [c for c in owned[index] for _ in range(counts[c])]
+        rng.shuffle(todo)
+        seq = dict.fromkeys(owned[index], 0)
+        for chat in todo:
+            request = SendRequest(ChatInfo(chat, is_group=chat[:1] == "-"),
+                                  TextMessage("%s #%d" % (chat, seq[chat])))
+            seq[chat] += 1
+            futures.append(d.submit(chat, make_task(sender, request, time.monotonic())))
 
-    out.write("fastdispatch demo (%s core): %d messages to %d chats from %d "
-              "producer threads, ~%d ms per send, max_inflight=%d\n"
-              % (IMPLEMENTATION, messages // producers * producers, chats,
-                 producers, latency_ms, max_inflight))
-    started = time.monotonic()
-    d = OutboundDispatcher(max_inflight=max_inflight, queue_size=messages,
-                           send_timeout=30.0)
-    futures = [[] for _ in range(producers)]
-    threads = [threading.Thread(target=produce, args=(i, futures[i]))
-               for i in range(producers)]
-    for t in threads:
-        t.start()
-    total = messages // producers * producers
-    while any(t.is_alive() for t in threads) or done[0] < total:
-        out.write(_bar(done[0], total, started))
-        out.flush()
-        if not d.drain(timeout=0.1) and time.monotonic() - started > 600:
-            break
-        if done[0] >= total:
-            break
-    for t in threads:
-        t.join()
-    ok_drain = d.shutdown(timeout=60)
-    elapsed = time.monotonic() - started
-    out.write(_bar(done[0], total, started) + "\n")
+    n_groups = sum(1 for c in counts if c[:1] == "-")
+    out.write("fastdispatch demo (%s core): %d messages to %d chats (%d groups) from %d "
+              "producer threads\n  TelegramSender -> HTTP -> FakeTelegramServer on 127.0.0.1, "
+              "~%g ms per answer, max_inflight=%d\n  limits (Telegram's / %g): chat %s, "
+              "group %s, bot-wide %s; pacing %s\n"
+              % (IMPLEMENTATION, total, len(counts), n_groups, args.producers, args.latency_ms,
+                 args.max_inflight, args.speedup, chat_limit, group_limit, global_limit,
+                 "on (the same limits)" if pacing else "OFF"))
+    if args.inject_429 or args.inject_5xx:
+        out.write("  injected faults: %.1f%% of sends answered 429, %.1f%% answered 500\n"
+                  % (100 * args.inject_429, 100 * args.inject_5xx))
 
-    failures = sum(1 for fs in futures for f in fs if f.exception() is not None)
-    out_of_order = [c for c, seqs in platform.received.items()
-                    if seqs != sorted(seqs) or seqs != list(range(len(seqs)))]
-    delivered = sum(len(s) for s in platform.received.values())
+    with server:
+        sender = TelegramSender("123456:demo", base_url=server.base_url,
+                                pool_size=args.max_inflight)
+        metrics_server = None
+        hooks = None
+        if args.metrics_port is not None:
+            # Prometheus metrics of this run (fastdispatch[prometheus]).
+            from prometheus_client import CollectorRegistry
+
+            from .metrics import PrometheusMetrics, serve
+            registry = CollectorRegistry()
+            metrics = PrometheusMetrics(registry)
+            hooks = metrics.hooks("demo")
+        d = OutboundDispatcher(max_inflight=args.max_inflight, queue_size=max(counts.values()),
+                               send_timeout=30.0, pacing=pacing, retry=retry, hooks=hooks)
+        if args.metrics_port is not None:
+            metrics.track(d, "demo", max_inflight=args.max_inflight)
+            metrics_server = serve(args.metrics_port, registry)
+            out.write("  metrics         %s (Prometheus; kept up until the summary)\n"
+                      % (metrics_server.url,))
+        started = time.monotonic()
+        futures = [[] for _ in range(args.producers)]
+        threads = [threading.Thread(target=produce, args=(i, futures[i]))
+                   for i in range(args.producers)]
+        for t in threads:
+            t.start()
+        tty = out.isatty()
+        while any(t.is_alive() for t in threads) or not d.drain(timeout=0.1):
+            if tty:
+                out.write(_bar(done[0], total, started))
+                out.flush()
+            if time.monotonic() - started > args.give_up:
+                break
+        for t in threads:
+            t.join()
+        ok_drain = d.shutdown(timeout=30)
+        if metrics_server is not None and args.metrics_linger:
+            out.write("\n  metrics stay up for %g s at %s\n"
+                      % (args.metrics_linger, metrics_server.url))
+            out.flush()
+            time.sleep(args.metrics_linger)
+        elapsed = time.monotonic() - started
+        out.write(_bar(done[0], total, started) + "\n")
+        sender.close()
+        record = {chat: server.messages(chat) for chat in counts}
+        server_stats = server.stats()
+
+    errors = {}
+    for fs in futures:
+        for f in fs:
+            exc = f.exception() if f.done() else TimeoutError("not done")
+            if exc is not None:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+    failures = sum(errors.values())
+    broken, duplicated, delivered = [], 0, 0
+    for chat, arrived in record.items():
+        numbers = [int(m.text.rsplit("#", 1)[1]) for m in arrived]
+        delivered += len(set(numbers))
+        duplicated += len(numbers) - len(set(numbers))
+        if numbers != sorted(numbers):  # a retry's duplicate sits next to its original
+            broken.append(chat)
     latencies.sort()
-    # No schedule can beat either the total send time spread over
-    # max_inflight threads, or the busiest chat's sends one after another.
-    busiest = max((len(seqs) for seqs in platform.received.values()), default=0)
-    bound = max(total / max_inflight, busiest) * latency_ms / 1000.0
-    out.write("\n  delivered       %d / %d  (%d failed)\n" % (delivered, total, failures))
-    out.write("  per-chat order  %s (%d chats checked)\n" % (
-        "OK" if not out_of_order else "BROKEN in %d chats" % len(out_of_order),
-        len(platform.received)))
-    out.write("  one at a time   %s\n" % (
-        "OK" if not platform.overlaps else "BROKEN (%d overlaps)" % platform.overlaps))
-    out.write("  wall time       %.2f s  (lower bound %.2f s: the busiest chat's %d sends"
-              " in a row,\n                  or all sends spread over max_inflight threads)\n"
-              % (elapsed, bound, busiest))
-    out.write("  throughput      %.0f sends/s\n" % (total / elapsed))
+    round_trips.sort()
+    busiest_chat = max((n for c, n in counts.items() if c[:1] != "-"), default=0)
+    busiest_group = max((n for c, n in counts.items() if c[:1] == "-"), default=0)
+    bound = max(_min_time(total, global_limit), _min_time(busiest_chat, chat_limit),
+                _min_time(busiest_group, group_limit))
+    limit_rate = global_limit.count / global_limit.per
+
+    out.write("\n  delivered       %d / %d  (%d failed%s)\n" % (
+        delivered, total, failures,
+        ": " + ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) if errors else ""))
+    out.write("  per-chat order  %s (%d chats checked on the server's record, %d duplicates)\n"
+              % ("OK" if not broken else "BROKEN in %d chats" % len(broken), len(record),
+                 duplicated))
+    out.write("  429s received   %d  (%d from limits [chat %d, group %d, bot-wide %d], "
+              "%d injected)\n" % (
+                  received["429"], server_stats.get("too_many", 0),
+                  server_stats.get("too_many_chat", 0), server_stats.get("too_many_group", 0),
+                  server_stats.get("too_many_global", 0),
+                  server_stats.get("injected_too_many", 0)))
+    out.write("  5xx received    %d  (injected; %d retries in all)\n" % (
+        received["5xx"], d.stats().retried))
+    out.write("  wall time       %.2f s  (limit-imposed minimum %.2f s: ratio %.2f)\n"
+              % (elapsed, bound, elapsed / bound if bound else float("nan")))
+    out.write("  throughput      %.0f messages delivered/s  (bot-wide limit %.0f/s: %.0f%% of it)\n"
+              % (delivered / elapsed, limit_rate, 100 * delivered / elapsed / limit_rate))
     out.write("  latency         p50 %.0f ms   p90 %.0f ms   p99 %.0f ms   max %.0f ms"
-              "  (submit to delivered)\n" % tuple(
+              "  (submit to answered, pacing waits included)\n" % tuple(
                   1000 * _percentile(latencies, q) for q in (0.5, 0.9, 0.99, 1.0)))
+    out.write("  HTTP round trip p50 %.1f ms p90 %.1f ms p99 %.1f ms max %.1f ms"
+              "  (one sendMessage call)\n" % tuple(
+                  1000 * _percentile(round_trips, q) for q in (0.5, 0.9, 0.99, 1.0)))
+    out.write("  server          %d requests, windows shortened by %.1f ms for jitter\n"
+              % (server_stats.get("requests", 0), 1000 * tolerance))
     out.write("  stats           %s\n" % (d.stats(),))
-    ok = (ok_drain and delivered == total and not failures and not out_of_order
-          and not platform.overlaps)
+    ok = (ok_drain and delivered == total and not failures and not broken and not duplicated)
+    if pacing is not None and server_stats.get("too_many", 0):
+        # Not a failure: each was retried in order.  The starts were paced
+        # exactly; some requests reached the server later than their start
+        # by more than the tolerance (a busy machine), which made two windows
+        # overlap at the server.
+        out.write("\n  note: pacing matched the limits, yet %d sends reached the server over a "
+                  "limit:\n        they left more than %.0f ms after their paced start (a busy "
+                  "machine);\n        the dispatcher retried them in order.\n"
+                  % (server_stats["too_many"], 1000 * tolerance))
+    if metrics_server is not None:
+        metrics_server.stop()
     out.write("\n%s\n" % ("all checks passed" if ok else "CHECKS FAILED"))
     return 0 if ok else 1
 
 
+def _int_at_least(low):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not an integer" % (text,)) from None
+        if value < low:
+            raise argparse.ArgumentTypeError("must be at least %d, got %d" % (low, value))
+        return value
+    return parse
+
+
+def _int_in_range(low, high):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not an integer" % (text,)) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError("must be from %d to %d, got %d" % (low, high, value))
+        return value
+    return parse
+
+
+def _float_in(low, high, low_open=False):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a number" % (text,)) from None
+        if not (value > low if low_open else value >= low) or value > high:
+            raise argparse.ArgumentTypeError("must be in %s%g, %g], got %g" % (
+                "(" if low_open else "[", low, high, value))
+        return value
+    return parse
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m fastdispatch demo", description=DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--messages", type=_int_at_least(1), default=2000,
+                        help="messages in all (at least one per chat)")
+    parser.add_argument("--chats", type=_int_at_least(1), default=200,
+                        help="chats to send to")
+    parser.add_argument("--groups", type=_float_in(0, 1), default=0.1,
+                        help="share of the chats that are groups (20 messages per minute "
+                             "each, scaled)")
+    parser.add_argument("--producers", type=_int_at_least(1), default=4,
+                        help="threads submitting replies (each owns a share of the chats)")
+    parser.add_argument("--speedup", type=_float_in(0, 1000, low_open=True), default=10.0,
+                        help="divide every Telegram limit window by this (1 = real limits)")
+    parser.add_argument("--latency-ms", type=_float_in(0, 60000), default=2.0,
+                        help="mean milliseconds the server holds each answer (a network "
+                             "round trip; uniform between 0.5x and 1.5x)")
+    parser.add_argument("--max-inflight", type=_int_at_least(1), default=64,
+                        help="the dispatcher's cap on sends in flight (and the HTTP pool size)")
+    parser.add_argument("--inject-429", type=_float_in(0, 1), default=0.0, metavar="RATE",
+                        help="share of sends the server answers 429 regardless of the limits")
+    parser.add_argument("--inject-5xx", type=_float_in(0, 1), default=0.0, metavar="RATE",
+                        help="share of sends the server answers 500")
+    parser.add_argument("--no-pacing", action="store_true",
+                        help="do not pace: see the server's 429s and the retries they cause")
+    parser.add_argument("--max-attempts", type=_int_at_least(1), default=10,
+                        help="RetryPolicy.max_attempts: attempts per message, retries included")
+    parser.add_argument("--tolerance", type=_float_in(0, 0.5), default=0.2,
+                        help="the server shortens its windows by this share of the shortest "
+                             "window, for scheduling jitter")
+    parser.add_argument("--metrics-port", type=_int_in_range(0, 65535), default=None,
+                        metavar="PORT",
+                        help="serve Prometheus metrics of the run on 127.0.0.1:PORT "
+                             "(0: any free port; needs fastdispatch[prometheus])")
+    parser.add_argument("--metrics-linger", type=_float_in(0, 3600), default=0.0,
+                        metavar="SECONDS",
+                        help="with --metrics-port: keep serving this long after the run")
+    parser.add_argument("--seed", type=int, default=1, help="random seed")
+    parser.add_argument("--give-up", type=_float_in(0, 86400, low_open=True), default=300.0,
+                        metavar="SECONDS", help="stop waiting after this long")
+    return parser
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m fastdispatch demo",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--chats", type=int, default=300)
-    parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--latency-ms", type=float, default=20.0)
-    parser.add_argument("--max-inflight", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=1)
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.producers < 1 or args.chats < args.producers or args.messages < args.producers:
-        parser.error("need messages >= producers, chats >= producers >= 1")
-    return run(args.messages, args.chats, args.producers, args.latency_ms,
-               args.max_inflight, args.seed, sys.stdout)
+    if args.messages < args.chats:
+        parser.error("--messages (%d) must be at least --chats (%d): every chat gets at "
+                     "least one message" % (args.messages, args.chats))
+    if args.producers > args.chats:
+        parser.error("--producers (%d) must be at most --chats (%d): each producer owns "
+                     "its own chats" % (args.producers, args.chats))
+    if args.inject_429 + args.inject_5xx > 1:
+        parser.error("--inject-429 and --inject-5xx must add up to at most 1")
+    try:
+        import urllib3  # noqa: F401
+    except ImportError:
+        parser.exit(2, "the demo needs the telegram extra: pip install 'fastdispatch[telegram]'\n")
+    if args.metrics_port is not None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            parser.exit(2, "--metrics-port needs the prometheus extra: "
+                           "pip install 'fastdispatch[prometheus]'\n")
+    return run(args, sys.stdout)

@@ -6,7 +6,9 @@ module adds what runs once per dispatcher or once per thread, identically for
 both cores, by mixing :class:`_Lifecycle` into the core class.
 
 Threads.  Workers are daemon threads, started on demand (never more than
-``max_inflight``) and ended after ``idle_timeout`` idle seconds.  They are
+``max_inflight``) and ended after ``idle_timeout`` idle seconds; so is the
+deadline thread, and none holds the dispatcher once it has ended, so a
+dispatcher dropped without ``shutdown()`` is collected.  They are
 daemons so that a program that forgets ``shutdown()`` still exits: Python
 cannot interrupt a thread, so a non-daemon worker blocked in a send would hold
 the interpreter open.  ``shutdown()`` is the orderly path: it waits for the
@@ -15,8 +17,10 @@ it started, the deadline thread included.
 """
 
 import itertools
+import logging
 import math
 import numbers
+import sys
 import threading
 from time import monotonic
 
@@ -24,6 +28,8 @@ from ._types import DispatcherHooks, DispatcherStats
 from .pacing import Pacing, RetryPolicy
 
 __all__ = ["build_dispatcher_class"]
+
+logger = logging.getLogger("fastdispatch")
 
 _HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected", "on_retry")
 
@@ -33,6 +39,10 @@ def _check_size(name, value):
         raise TypeError("%s must be an int, got %r" % (name, type(value).__name__))
     if value < 1:
         raise ValueError("%s must be at least 1, got %r" % (name, value))
+    if value > sys.maxsize:
+        # The compiled core keeps sizes in a C ssize_t: one limit for both.
+        raise ValueError("%s must be at most sys.maxsize (%d), got %r"
+                         % (name, sys.maxsize, value))
     return int(value)
 
 
@@ -49,6 +59,11 @@ def _check_seconds(name, value, allow_none, allow_zero=False):
         if allow_none:
             return None
         raise ValueError("%s must be finite, got %r" % (name, value))
+    if value > threading.TIMEOUT_MAX:
+        # A lock or condition wait longer than this raises OverflowError:
+        # refuse it here rather than in a worker or the deadline thread.
+        raise ValueError("%s must be at most threading.TIMEOUT_MAX (%g) seconds, got %r"
+                         % (name, threading.TIMEOUT_MAX, value))
     return value
 
 
@@ -107,7 +122,13 @@ class _Lifecycle:
             daemon=True,
         )
         self._workers.add(thread)
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            # Never started: shutdown() must not try to join it.  The core
+            # logs the error and gives the thread slot back.
+            self._workers.discard(thread)
+            raise
 
     def _worker_thread(self):
         try:
@@ -118,8 +139,16 @@ class _Lifecycle:
     def _start_timer(self):
         thread = threading.Thread(target=self._timer_main,
                                   name="fastdispatch-deadlines", daemon=True)
-        self._timer_thread = thread
-        thread.start()
+        previous, self._timer_thread = self._timer_thread, thread
+        try:
+            thread.start()
+        except BaseException:
+            # Never started: shutdown() must not try to join it.  The core
+            # (which calls this with its timer lock held) logs the error and
+            # lets the next need of the timer try again; the task at hand
+            # runs all the same.
+            self._timer_thread = previous
+            raise
 
     def _notify_drained(self):
         with self._drained:
@@ -178,9 +207,13 @@ class _Lifecycle:
         Running tasks see ``sc.cancelled`` and their Futures fail with
         ``Cancelled``; waiting tasks' Futures are cancelled
         (``fut.cancelled()``).  Threads still blocked in a send end when the
-        send returns.
+        send returns.  No task starts once this has returned.
         """
+        self._refuse_new_starts()
         self._cancel_everything()
+        # Nothing can start any more: let the workers end as soon as their
+        # current task returns, and end the deadline thread now.
+        self._stop_workers()
 
     def stats(self):
         """A :class:`DispatcherStats` snapshot of the counters."""

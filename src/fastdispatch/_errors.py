@@ -7,6 +7,7 @@ catch for the same situation: :class:`SendTimeout` is a ``TimeoutError`` and
 :class:`Cancelled` is a ``concurrent.futures.CancelledError``.
 """
 
+import reprlib
 from concurrent.futures import CancelledError as _FutureCancelledError
 from typing import Literal
 
@@ -79,3 +80,42 @@ class RetryAfter(DispatcherError):
 
     def __str__(self) -> str:
         return "retry after %gs (%s)" % (self.seconds, self.scope)
+
+
+class _BoundedRepr(reprlib.Repr):
+    """``reprlib.Repr`` that also cuts ``bytes`` before formatting them."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring = self.maxother = self.maxlong = 80
+        self.maxlevel = 3
+
+    def repr_bytes(self, x, level):
+        if len(x) <= self.maxstring:
+            return repr(x)
+        return repr(x[:self.maxstring // 2]) + "..." + repr(x[-(self.maxstring // 2):])
+
+    repr_bytearray = repr_bytes
+
+
+_bounded_repr = _BoundedRepr().repr
+
+
+def _safe_repr(obj):
+    """A short ``repr(obj)`` for an error message; never raises.
+
+    A chat id or a task's exception is user code, and its ``__repr__`` runs
+    in a worker, the deadline thread or the middle of ``submit``: if it
+    raises, the message names the type instead.  The result is cut to about
+    80 characters (strings and bytes before they are formatted, so that a
+    100 MB chat id costs no more than a short one; an object's own
+    ``__repr__`` is cut after it returns).
+    """
+    try:
+        return _bounded_repr(obj)
+    except BaseException:
+        try:
+            name = type(obj).__name__
+        except BaseException:
+            name = "object"
+        return "<%s object (repr() failed)>" % (name,)

@@ -25,19 +25,20 @@ cimport cython
 from cpython.object cimport PyObject
 
 import logging
-import reprlib as _reprlib
+import sys
 import threading
 from collections import deque
 from heapq import heappop as _heappop, heappush as _heappush
-from concurrent.futures import Future, _base as _futures_base
+from concurrent.futures import _base as _futures_base
 from time import monotonic
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 from ._errors import (
     Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
+from ._errors import _safe_repr
+from ._types import DispatchInfo, Future
 from .pacing import RateLimit
-from ._types import DispatchInfo
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
 
@@ -62,6 +63,7 @@ logger = logging.getLogger("fastdispatch")
 
 cdef object _allocate_lock = threading.Lock
 cdef object _Event = threading.Event
+cdef object _TIMEOUT_MAX = threading.TIMEOUT_MAX
 
 cdef enum:
     # SendContext._cancel
@@ -84,7 +86,7 @@ cdef enum:
     _DONE = 0
     _PANICKED = 1
     _RETRYING = 2
-    _CANCELLED = 3
+    _FORCED = 3
 
 cdef double _INF = float("inf")
 # What _next_paced returns besides a task: parked, or look again.
@@ -96,15 +98,6 @@ cdef object _SPAWN = object()
 
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 cdef cython.pymutex _event_lock
-
-
-def _safe_repr(obj, Py_ssize_t limit=60):
-    """``repr(obj)``, cut to ``limit`` characters; never raises."""
-    try:
-        text = _reprlib.repr(obj)
-    except BaseException:
-        return "<%s object>" % (type(obj).__name__,)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ----------------------------------------------------------- Future fast paths
@@ -122,6 +115,7 @@ def _safe_repr(obj, Py_ssize_t limit=60):
 cdef object _PENDING = _futures_base.PENDING
 cdef object _RUNNING = _futures_base.RUNNING
 cdef object _FINISHED = _futures_base.FINISHED
+cdef object _CANCELLED = _futures_base.CANCELLED
 cdef object _Condition = threading.Condition
 cdef object _RLock = threading.RLock
 
@@ -228,6 +222,23 @@ cdef int _future_finish(object future, object result, object error) except -1:
     return 0
 
 
+cdef Py_ssize_t _checked_capacity(object capacity) except -1:
+    # The same limits and errors as the pure-Python core (the bare C ssize_t
+    # conversion would raise OverflowError naming nothing).
+    cdef Py_ssize_t n
+    try:
+        n = capacity
+    except OverflowError:
+        if capacity < 0:
+            n = 0
+        else:
+            raise ValueError("capacity must be at most sys.maxsize (%d), got %r"
+                             % (sys.maxsize, capacity)) from None
+    if n < 1:
+        raise ValueError("capacity must be at least 1")
+    return n
+
+
 cdef class RingBuffer:
     """A FIFO of fixed capacity.  ``push`` is O(1) and refuses when full.
 
@@ -242,10 +253,8 @@ cdef class RingBuffer:
     cdef Py_ssize_t _count
     cdef readonly Py_ssize_t capacity
 
-    def __init__(self, Py_ssize_t capacity):
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self._init(capacity)
+    def __init__(self, capacity):
+        self._init(_checked_capacity(capacity))
 
     cdef inline void _init(self, Py_ssize_t capacity):
         # Also (re)sets the indexes: __init__ called again empties the buffer
@@ -343,6 +352,8 @@ cdef class ChatQueue(RingBuffer):
     # (a parked chat stays owned: it is on the timer's schedule).
     cdef bint _running
     cdef ChatQueue _next_ready  # ready list link; guarded by the pool lock
+    cdef object _key            # the chat map's key (see _chat_key)
+    cdef bint _removed          # out of the chat map for good; under _lock
     # A task that will run again: it goes before every waiting task and
     # does not count against the capacity (it was accepted once).
     cdef SendContext _retry_item
@@ -353,9 +364,10 @@ cdef class ChatQueue(RingBuffer):
     cdef bint _waited           # its next start had to wait for a limit
     cdef _Window _window        # its rate-limit window, while alive
 
-    def __init__(self, chat_id, Py_ssize_t capacity):
+    def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
+        self._key = chat_id
 
 
 @cython.final
@@ -449,6 +461,7 @@ cdef class SendContext:
     cdef double _t_start
     cdef Py_ssize_t _queue_len
     cdef int _attempt
+    cdef object _error          # set when the deadline or force_close() claims it
     # Running-registry links; guarded by DispatcherCore._run_lock.
     cdef SendContext _prev
     cdef SendContext _next
@@ -494,6 +507,8 @@ cdef class SendContext:
         remaining = self.remaining()
         if remaining is not None and (timeout is None or remaining < timeout):
             timeout = remaining
+        if timeout is not None and timeout > _TIMEOUT_MAX:
+            timeout = None  # longer than a lock can wait: until cancelled
         with _event_lock:
             if FD_LOAD(&self._cancel):
                 return True
@@ -511,8 +526,8 @@ cdef class SendContext:
             raise SendTimeout("the send deadline passed")
 
     def __repr__(self):
-        return "<SendContext chat_id=%r deadline=%r cancelled=%r>" % (
-            self.chat_id, self.deadline, self.cancelled)
+        return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
+            _safe_repr(self.chat_id), self.deadline, self.cancelled)
 
     cdef void _cancel_with(self, long long reason):
         # Called once, by whoever claimed the task out of the running registry.
@@ -521,6 +536,74 @@ cdef class SendContext:
             event = self._event
         if event is not None:
             event.set()
+
+
+@cython.final
+cdef class _ChatKey:
+    """A chat id as the chat map's key: its hash taken once, its ``==`` safe.
+
+    A chat id is user code: its ``__hash__`` runs again at every dict
+    operation (a lookup, an insert, the worker's removal) and may raise or
+    change between calls, and its ``__eq__`` may raise.  The map therefore
+    keys anything but a plain ``int`` or ``str`` by this wrapper: one hash
+    per submit (an error there is the caller's, raised before anything is
+    counted), and an ``__eq__`` that raises makes two ids unequal.  Such an
+    ``__eq__`` can leave two equal keys in the map; the worker removes its
+    own entry all the same, because a key being removed (``_removing``,
+    set under its queue's lock) equals nothing but itself.
+    """
+
+    cdef readonly object chat_id
+    cdef Py_hash_t _hash
+    cdef bint _removing   # set under its queue's lock, before the removal
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        if self._removing:
+            return self is other
+        if type(other) is _ChatKey:
+            if (<_ChatKey>other)._removing:
+                return self is other
+            other_id = (<_ChatKey>other).chat_id
+        else:
+            other_id = other
+        if self.chat_id is other_id:
+            return True
+        try:
+            return bool(self.chat_id == other_id)
+        except BaseException:
+            return False
+
+
+cdef _ChatKey _rekey(_ChatKey key):
+    # A fresh key for the same chat id and hash (never marked _removing).
+    cdef _ChatKey fresh = _ChatKey.__new__(_ChatKey)
+    fresh.chat_id = key.chat_id
+    fresh._hash = key._hash
+    return fresh
+
+
+cdef inline object _chat_key(object chat_id):
+    """The chat map's key for ``chat_id`` (itself for a plain int or str)."""
+    if type(chat_id) is int or type(chat_id) is str:
+        return chat_id
+    return _wrap_chat_id(chat_id)
+
+
+cdef object _wrap_chat_id(object chat_id):
+    cdef _ChatKey key
+    cdef Py_hash_t hash_value
+    try:
+        hash_value = hash(chat_id)
+    except TypeError:
+        raise TypeError("chat_id must be hashable, got %r"
+                        % (type(chat_id).__name__,)) from None
+    key = _ChatKey.__new__(_ChatKey)
+    key.chat_id = chat_id
+    key._hash = hash_value
+    return key
 
 
 cdef inline SendContext _new_item(object chat_id, object fn, object future, double t_queued):
@@ -543,12 +626,25 @@ cdef bint _settle(object future, object exc) except -1:
         return True
     if isinstance(exc, Cancelled):
         future.cancel()
+        _notify_cancelled(future)
         return False
     try:
         future.set_exception(exc)
     except Exception:  # InvalidStateError: cancelled by the caller meanwhile
+        _notify_cancelled(future)
         return False
     return True
+
+
+
+cdef int _notify_cancelled(object future) except -1:
+    # concurrent.futures.wait() and as_completed() see a cancelled Future
+    # only once set_running_or_notify_cancel() has moved it on to
+    # CANCELLED_AND_NOTIFIED, as an executor does for each one it drops.
+    # The worker does that for a task it pops; this is for the others.
+    if future._state is _CANCELLED:
+        future.set_running_or_notify_cancel()
+    return 0
 
 
 cdef class DispatcherCore:
@@ -592,7 +688,7 @@ cdef class DispatcherCore:
     cdef bint _timer_stop
     cdef double _timer_until          # when the sleeping timer wakes by itself
     # pacing and retries; guarded by _run_lock (the timer's lock)
-    cdef long long _forced            # atomic; force_close() ran: nothing starts
+    cdef long long _forced            # atomic; force_close() began: nothing starts
     cdef double _pause_until          # a global RetryAfter (read unlocked as a hint)
     cdef list _wakeups                # heap of (time, seq, ChatQueue): parked chats
     cdef long long _wakeup_seq
@@ -600,8 +696,8 @@ cdef class DispatcherCore:
     cdef Py_ssize_t _line_len
     cdef long long _granted           # starts granted from the line, not yet taken
     cdef _Window _global_window
-    cdef dict _windows                # chat_id -> _Window (outlives the chat's queue)
-    cdef dict _expiry                 # per -> deque of (start, _Window)
+    cdef dict _windows                # chat key -> _Window (outlives the chat's queue)
+    cdef dict _expiry                 # per -> deque of _Window, by last start
     cdef long long _paced
     cdef long long _parked
     # counters (atomic)
@@ -685,17 +781,15 @@ cdef class DispatcherCore:
 
     cdef int _enqueue(self, object chat_id, object task, object future) except -1:
         cdef ChatQueue q
+        cdef ChatQueue fresh
         cdef SendContext item
         cdef Py_ssize_t queue_len
         cdef bint start = False
         cdef dict queues = self._queues
         if chat_id is None:
             raise TypeError("chat_id must not be None")
-        try:
-            q = queues.get(chat_id)
-        except TypeError:
-            raise TypeError("chat_id must be hashable, got %r"
-                            % (type(chat_id).__name__,)) from None
+        key = _chat_key(chat_id)
+        q = queues.get(key)
         item = _new_item(chat_id, task, future,
                          monotonic() if self._on_done is not None else 0.0)
         # Count the task as pending *before* looking at ``closed``: then a
@@ -709,13 +803,17 @@ cdef class DispatcherCore:
                 # Allocate only on a miss; setdefault keeps whichever queue
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
+                fresh._key = key
                 with self._map_lock:
-                    q = queues.setdefault(chat_id, fresh)
+                    q = queues.setdefault(key, fresh)
             with q._lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
-                if queues.get(chat_id) is q:
+                # (_removed is set in the same critical section as the
+                # removal: it says whether the map still holds this queue,
+                # without running the chat id's __eq__ again.)
+                if not q._removed:
                     if q._push(item):
                         queue_len = q._count
                         start = not q._running
@@ -729,13 +827,13 @@ cdef class DispatcherCore:
             q = None  # (only now: q's lock must outlive the with-block)
         if queue_len < 0:
             self._reject(chat_id, QueueFull(
-                "chat %r already has %d waiting tasks" % (chat_id, q.capacity)))
+                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
         if start:
             self._schedule(q)
         if self._on_queued is not None:
             try:
                 self._on_queued(chat_id, queue_len)
-            except Exception as exc:
+            except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
         return 0
 
@@ -747,7 +845,7 @@ cdef class DispatcherCore:
         if self._on_rejected is not None:
             try:
                 self._on_rejected(chat_id, exc)
-            except Exception as hook_exc:
+            except BaseException as hook_exc:
                 self._hook_failed("on_rejected", hook_exc)
         raise exc
 
@@ -818,7 +916,7 @@ cdef class DispatcherCore:
 
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
-        cdef ChatQueue q = self._queues.get(chat_id)
+        cdef ChatQueue q = self._queues.get(_chat_key(chat_id))
         if q is None:
             return 0
         with q._lock:
@@ -987,7 +1085,7 @@ cdef class DispatcherCore:
         cdef SendContext item
         if self._chat_limits and (window is None or window.dead):
             try:
-                window = q._window = self._chat_window(q.chat_id)
+                window = q._window = self._chat_window(q)
             except BaseException as exc:
                 # limit_for, or the chat id's __hash__/__eq__, failed: the
                 # task it was asked for fails with that error.
@@ -1075,12 +1173,20 @@ cdef class DispatcherCore:
                 self._paced += 1
         return 1
 
-    cdef _Window _chat_window(self, object chat_id):
+    cdef _Window _chat_window(self, ChatQueue q):
         # The chat's live window, made on first use (limit_for runs here,
         # outside every lock).  A window outlives the chat's queue until
-        # its last start leaves it; the timer then forgets it.
-        cdef _Window window = self._windows.get(chat_id)
+        # its last start leaves it; the timer then forgets it.  Keyed like
+        # the chat map (a hash taken once, an __eq__ that cannot raise), by
+        # a key of its own: the queue's key stops equalling others once the
+        # queue leaves the map.
+        cdef object chat_id = q.chat_id
+        cdef object key = q._key
+        cdef _Window window
         cdef _Window fresh
+        if type(key) is _ChatKey:
+            key = _rekey(<_ChatKey>key)
+        window = self._windows.get(key)
         if window is not None and not window.dead:
             return window
         limit = self._chat_limit
@@ -1095,15 +1201,15 @@ cdef class DispatcherCore:
                     raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
                                     % (_safe_repr(chat_id), type(own).__name__))
                 limit = own
-        fresh = _Window(limit, chat_id)
+        fresh = _Window(limit, key)
         with self._run_lock:
-            window = self._windows.get(chat_id)
+            window = self._windows.get(key)
             if window is None or window.dead:
                 expiry = self._expiry.get(fresh.per)
                 if expiry is None:
                     expiry = self._expiry[fresh.per] = deque()
                 fresh.expiry = expiry
-                self._windows[chat_id] = window = fresh
+                self._windows[key] = window = fresh
         return window
 
     cdef int _record_locked(self, _Window window, double now) except -1:
@@ -1162,8 +1268,12 @@ cdef class DispatcherCore:
         # keep its peak size for good; when the last chat leaves, reset it
         # (under _map_lock, so that no insert can slip in between).
         cdef dict queues = self._queues
-        if queues.get(q.chat_id) is q:
-            del queues[q.chat_id]
+        if not q._removed:
+            q._removed = True
+            key = q._key
+            if type(key) is _ChatKey:
+                (<_ChatKey>key)._removing = True
+            queues.pop(key, None)
         if not queues:
             with self._map_lock:
                 if not queues:
@@ -1177,6 +1287,16 @@ cdef class DispatcherCore:
         cdef object error = None
         cdef object panic = None
         cdef int verdict
+        if FD_LOAD(&self._forced):
+            # Popped just before force_close() cleared the queue: dropped as
+            # a waiting task is (its Future cancelled).  _register re-checks.
+            if item._attempt == 1:
+                self._finish(item, Cancelled("the dispatcher was force-closed"), C_CANCELLED)
+                self._maybe_drained()
+            else:
+                self._settle_started(item, Cancelled("the dispatcher was force-closed"),
+                                     C_CANCELLED)
+            return _DONE
         if item._attempt == 1 and future is not None and not _future_start(future):
             self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
             return _DONE
@@ -1207,20 +1327,25 @@ cdef class DispatcherCore:
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
             if panic is not None:
-                discarded = TaskDiscarded("the task panicked: %r" % (panic,))
+                discarded = TaskDiscarded("the task panicked: %s" % (_safe_repr(panic),))
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, C_FAILED)
             elif error is not None:
                 verdict = self._retry_later(item, q, error)
                 if verdict == _RETRYING:
                     return _RETRYING
-                if verdict == _CANCELLED:
+                if verdict == _FORCED:
                     self._resolve(item, None, Cancelled("the dispatcher was force-closed"),
                                   C_CANCELLED)
                 else:
                     self._resolve(item, None, error, C_FAILED)
             else:
                 self._resolve(item, result, None, C_COMPLETED)
+        elif self._on_done is not None:
+            # Timed out or force-closed meanwhile: its outcome is settled;
+            # report it now that it has returned, from this thread.
+            self._report(item, self._expired_error(item), <double>monotonic() - item._t_start)
+            item._error = None
         if panic is not None:
             self._panic(q, panic)
         item._fn = None
@@ -1232,7 +1357,7 @@ cdef class DispatcherCore:
         # SPEC §5: a RetryAfter, or a retry_on error, runs the same task
         # again ahead of every later task of its chat.  Return _RETRYING,
         # _DONE when it is not retried (it fails with ``error``), or
-        # _CANCELLED when force_close() came first.
+        # _FORCED when force_close() came first.
         cdef double delay, until
         cdef int attempt = item._attempt
         cdef bint is_retry_after = isinstance(error, RetryAfter)
@@ -1252,7 +1377,7 @@ cdef class DispatcherCore:
             # queues under it after setting _forced, so either it sees this
             # retry item or we see _forced.
             if FD_LOAD(&self._forced):
-                return _CANCELLED
+                return _FORCED
             item._attempt = attempt + 1
             item._has_deadline = False
             q._retry_item = item
@@ -1321,12 +1446,13 @@ cdef class DispatcherCore:
             waiting = q._clear()
             q._running = False
             self._remove_locked(q)
+        chat = _safe_repr(q.chat_id)
         for item in waiting:
-            error = TaskDiscarded("a previous task of chat %r panicked" % (q.chat_id,))
+            error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
             error.__cause__ = exc
             self._finish(<SendContext>item, error, C_DISCARDED)
-        logger.error("task of chat %r panicked; %d waiting task(s) discarded",
-                     q.chat_id, len(waiting), exc_info=exc)
+        logger.error("task of chat %s panicked; %d waiting task(s) discarded",
+                     chat, len(waiting), exc_info=exc)
         self._call_recover(exc)
         return 0
 
@@ -1345,8 +1471,8 @@ cdef class DispatcherCore:
     # -------------------------------------------------- running tasks, deadlines
 
     cdef bint _register(self, SendContext item) except -1:
-        # Enter a starting task in the running registry; False if
-        # force_close() already ran (then the task must not start).
+        # Enter a starting task in the running registry; False, registering
+        # nothing, once force_close() has begun (then the task must not start).
         with self._run_lock:
             if FD_LOAD(&self._forced):
                 return False
@@ -1377,6 +1503,12 @@ cdef class DispatcherCore:
         elif when < self._timer_until:
             self._wake_timer_locked()
         return 0
+
+    def _refuse_new_starts(self):
+        # force_close(), before it cancels what runs: from now on _register
+        # refuses, so no task starts after force_close() returned.
+        with self._run_lock:
+            FD_STORE(&self._forced, 1)
 
     cdef inline void _unlink_locked(self, SendContext item):
         if item._prev is None:
@@ -1418,7 +1550,9 @@ cdef class DispatcherCore:
         line: as places free up in the global window, the chats at the
         front get a start each, in turn.  Windows whose last start has left
         them are forgotten.  The timer sleeps until the earliest of these,
-        or until woken by something earlier.
+        or until woken by something earlier; after idle_timeout seconds
+        with nothing to watch, it ends (the next need starts a new one), so
+        that a dispatcher dropped without shutdown() is not kept alive by it.
         """
         cdef list expired
         cdef list ready
@@ -1442,11 +1576,15 @@ cdef class DispatcherCore:
                                 until = item._deadline
                                 break
                             self._unlink_locked(item)
+                            item._error = SendTimeout()  # see _expired_error
                             expired.append(item)
                     if not expired:
                         until = min(until, self._pacing_tick_locked(now, ready))
-                        self._timer_until = until
-                        self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+                        if not ready:
+                            # About to sleep (only then: a waker releases the
+                            # wake lock once per sleep, as the state says).
+                            self._timer_until = until
+                            self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
             if stop:
                 return
             for item in expired:
@@ -1456,7 +1594,7 @@ cdef class DispatcherCore:
             if expired or ready:
                 continue
             if until == _INF:
-                delay = -1.0
+                delay = self._idle_timeout
             else:
                 delay = until - <double>monotonic()
                 if delay < 0.0:
@@ -1464,10 +1602,20 @@ cdef class DispatcherCore:
             if self._timer_wake.acquire(True, delay):
                 continue
             with self._run_lock:
+                stop = self._timer_state == _IDLE
+                if stop:
+                    # Nothing to watch for idle_timeout seconds: end, as an
+                    # idle worker does (the next task with a deadline starts
+                    # a new thread), so that a dispatcher dropped without
+                    # shutdown() is not kept alive by this thread.
+                    self._timer_state = _AWAKE
+                    self._timer_started = False
                 retry = self._timer_state != _AWAKE
                 if retry:
                     self._timer_state = _AWAKE
                     self._timer_until = _INF
+            if stop:
+                return
             if not retry:
                 # Woken just after the timeout: consume that release.
                 self._timer_wake.acquire()
@@ -1543,23 +1691,28 @@ cdef class DispatcherCore:
     cdef int _expire(self, SendContext item, long long reason) except -1:
         # The task is still running (Python cannot stop a thread); we release
         # its Future now and drop whatever it returns later.
-        cdef int outcome
+        cdef int outcome = C_TIMED_OUT if reason == _BY_TIMEOUT else C_CANCELLED
         item._cancel_with(reason)
-        if reason == _BY_TIMEOUT:
-            error = SendTimeout("chat %r: the task ran past its %ss send_timeout"
-                                % (item.chat_id, self._send_timeout))
-            outcome = C_TIMED_OUT
-        else:
-            error = Cancelled("the dispatcher was force-closed")
-            outcome = C_CANCELLED
+        error = self._expired_error(item)
         future = item._future
         item._future = None
         if future is not None:
             future.set_exception(error)
         FD_ADD(&self._counts[outcome], 1)
-        if self._on_done is not None:
-            self._report(item, error, <double>monotonic() - item._t_start)
+        # on_done is called by the task's worker once the task returns (see
+        # _run): a slow hook here would hold every other deadline, or
+        # force_close().
         return 0
+
+    cdef object _expired_error(self, SendContext item):
+        # The error was made when the task was claimed (under _run_lock, so
+        # that its worker finds it); a SendTimeout gets its message here,
+        # outside any lock (the chat id's repr is user code).
+        error = item._error
+        if isinstance(error, SendTimeout) and not error.args:
+            error.args = ("chat %s: the task ran past its %ss send_timeout"
+                          % (_safe_repr(item.chat_id), self._send_timeout),)
+        return error
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -1579,6 +1732,7 @@ cdef class DispatcherCore:
             while self._run_head is not None:
                 item = self._run_head
                 self._unlink_locked(item)
+                item._error = Cancelled("the dispatcher was force-closed")
                 running.append(item)
             parked = [entry[2] for entry in self._wakeups]
             parked.extend(self._line)

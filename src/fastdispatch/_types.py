@@ -1,8 +1,36 @@
 """Small value types shared by both implementations of the core."""
 
+import concurrent.futures
+import logging
 from typing import Any, Callable, NamedTuple, Optional
 
 __all__ = ["DispatchInfo", "DispatcherHooks", "DispatcherStats"]
+
+_futures_logger = logging.getLogger("concurrent.futures")
+_logger = logging.getLogger("fastdispatch")
+
+
+class Future(concurrent.futures.Future):
+    """What ``submit`` returns: a ``concurrent.futures.Future`` in every respect,
+    except that its done-callbacks cannot break the thread that resolves it.
+
+    ``concurrent.futures`` runs the callbacks in the thread that sets the
+    result and catches only ``Exception``: a callback raising ``SystemExit``
+    or ``KeyboardInterrupt`` would unwind a worker, the deadline thread or
+    ``force_close()`` half-way, and skip the callbacks after it (those of
+    ``asyncio.wrap_future`` among them).  Here every callback runs; one that
+    raises an ``Exception`` is logged as ``concurrent.futures`` logs it, and
+    any other ``BaseException`` is logged on the ``fastdispatch`` logger.
+    """
+
+    def _invoke_callbacks(self):
+        for callback in self._done_callbacks:
+            try:
+                callback(self)
+            except Exception:
+                _futures_logger.exception("exception calling callback for %r", self)
+            except BaseException:
+                _logger.exception("done-callback of %r raised; ignored", self)
 
 
 class DispatchInfo(NamedTuple):

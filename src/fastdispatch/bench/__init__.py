@@ -47,6 +47,7 @@ SECTIONS = [
     "dispatcher",     # the per-chat dispatcher against its baselines: the targets
     "pacing",         # rate limits and 429s: paced rate, parked chats, scopes
     "metrics",        # fastdispatch.metrics: cost per task with metrics on vs off
+    "telegram",       # TelegramSender over HTTP against requests.post; a paced run
 ]
 
 

@@ -24,9 +24,9 @@ QUICK_SCALE = 0.4       # --quick: rounds x 0.4 (at least 3 per scenario)
 RETRIES = 2
 
 # Seconds on a two-core machine ((full), (--quick)), retries included.
-# Measured: full 35 s and 59 s, --quick 20 s and 26 s, with a load average
-# of 6-7; the full run has taken up to 106 s on a busier machine.
-ESTIMATE = ((30, 110), (12, 40))
+# Measured: full 22 s and --quick 16 s at a load average of 1-3; full 35 s
+# and 59 s, --quick 20 s and 26 s at 6-7; up to 106 s on a busier machine.
+ESTIMATE = ((20, 110), (12, 40))
 
 
 def _silent(msg):
