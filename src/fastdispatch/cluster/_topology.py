@@ -1,0 +1,199 @@
+"""Names and layout shared by producers and workers: one place decides them.
+
+A stream ``S`` holds every message on a subject ``S.<shard>.<chat token>``;
+the shard is a stable hash of the chat id (CRC-32, the same in every process
+and Python version), so all messages of a chat land in one shard.  Each shard
+has one durable pull consumer (``shard-<n>``) with ``max_ack_pending=1`` and
+explicit acks: the NATS server lets one message per shard be in flight across
+all workers, which is what keeps a chat in order without any coordination
+between workers.  The stream uses work-queue retention (a message is removed
+once acknowledged) and records its shard count in its metadata, so workers
+learn it from the server instead of a flag that could disagree.
+
+Failed-for-good messages go to a second stream ``S_dead`` (subjects
+``S_dead.<shard>.<chat token>``), kept for a week for inspection.
+
+Whichever side comes first (producer or worker) creates the streams and the
+consumers; both do it idempotently (create if missing, verify if present).
+"""
+
+import base64
+import re
+import zlib
+
+__all__ = [
+    "DEFAULT_SHARDS", "DEFAULT_ACK_WAIT", "ShardMismatch", "shard_of", "chat_token",
+    "subject_for", "dead_subject_for", "consumer_name", "ensure_topology",
+    "HDR_CHAT", "HDR_KEY", "HDR_ERROR", "HDR_ATTEMPTS", "HDR_SEQ", "HDR_WORKER",
+]
+
+# 128 shards: enough for Telegram's 30 messages/s bot limit with 1 message/s
+# per chat and a 4x margin for hash collisions (docs/cluster.md, "Sizing").
+DEFAULT_SHARDS = 128
+DEFAULT_ACK_WAIT = 30.0
+SHARDS_METADATA = "fastdispatch.shards"
+DEAD_MAX_AGE = 7 * 24 * 3600.0
+DUPLICATE_WINDOW = 120.0
+
+HDR_CHAT = "Fd-Chat"
+HDR_KEY = "Fd-Key"
+HDR_ERROR = "Fd-Error"
+HDR_ATTEMPTS = "Fd-Attempts"
+HDR_SEQ = "Fd-Stream-Seq"
+HDR_WORKER = "Fd-Worker"
+
+_STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+_PLAIN_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def require_clients(*names):
+    """Import nats-py / redis-py, or say which extra brings them."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            dist = {"nats": "nats-py"}.get(name, name)
+            raise ImportError("fastdispatch.cluster needs %s (import %r failed): "
+                              "pip install 'fastdispatch[cluster]'" % (dist, name)) from exc
+
+
+class ShardMismatch(ValueError):
+    """The stream exists with another shard count than the one asked for."""
+
+
+def check_stream_name(stream):
+    if not isinstance(stream, str):
+        raise TypeError("stream must be a str, got %r" % (type(stream).__name__,))
+    if not _STREAM_NAME.match(stream):
+        raise ValueError("stream must be 1-200 letters, digits, '_' or '-', got %r" % (stream,))
+    return stream
+
+
+def check_shards(shards):
+    if isinstance(shards, bool) or not isinstance(shards, int):
+        raise TypeError("shards must be an int, got %r" % (type(shards).__name__,))
+    if not 1 <= shards <= 65536:
+        raise ValueError("shards must be between 1 and 65536, got %r" % (shards,))
+    return shards
+
+
+def shard_of(chat_id, shards):
+    """The shard of a chat: CRC-32 of its UTF-8 id, modulo ``shards``."""
+    return zlib.crc32(chat_id.encode("utf-8")) % shards
+
+
+def chat_token(chat_id):
+    """A subject token for a chat id: itself when it is plain, else base64url.
+
+    Subject tokens may not hold ``.``, ``*``, ``>`` or white space; a chat id
+    that does is encoded (prefixed with ``~``).  The exact id always travels
+    in the ``Fd-Chat`` header too; the token is for people reading subjects.
+    """
+    if _PLAIN_TOKEN.match(chat_id):
+        return chat_id
+    raw = chat_id.encode("utf-8")[:180]
+    return "~" + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def subject_for(stream, shard, chat_id):
+    return "%s.%d.%s" % (stream, shard, chat_token(chat_id))
+
+
+def dead_stream(stream):
+    return stream + "_dead"
+
+
+def dead_subject_for(stream, shard, chat_id):
+    return "%s.%d.%s" % (dead_stream(stream), shard, chat_token(chat_id))
+
+
+def consumer_name(shard):
+    return "shard-%d" % (shard,)
+
+
+async def _stream_info_or_none(js, name):
+    from nats.js.errors import NotFoundError
+
+    try:
+        return await js.stream_info(name)
+    except NotFoundError:
+        return None
+
+
+async def ensure_topology(js, stream, shards=None, ack_wait=DEFAULT_ACK_WAIT):
+    """Create (or verify) the work stream, its shard consumers and the dead-letter stream.
+
+    ``shards=None``: the stream must exist already or is created with
+    ``DEFAULT_SHARDS``; the shard count actually in force is returned.  A
+    stream that exists with another shard count raises :class:`ShardMismatch`
+    (changing it would reorder chats: drain the stream and recreate it).
+    Existing consumers are left as they are (their ``ack_wait`` included).
+    """
+    from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy,
+                             StorageType, StreamConfig)
+    from nats.js.errors import BadRequestError
+
+    info = await _stream_info_or_none(js, stream)
+    if info is None:
+        want = DEFAULT_SHARDS if shards is None else shards
+        config = StreamConfig(
+            name=stream,
+            subjects=["%s.*.*" % (stream,)],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW,
+            metadata={SHARDS_METADATA: str(want)},
+            description="fastdispatch work stream (%d shards)" % (want,),
+        )
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            # Someone else created it at the same moment: verify below.
+            pass
+        info = await js.stream_info(stream)
+    meta = info.config.metadata or {}
+    if SHARDS_METADATA not in meta:
+        raise ShardMismatch("stream %r exists but was not made by fastdispatch.cluster "
+                            "(no %r in its metadata)" % (stream, SHARDS_METADATA))
+    have = int(meta[SHARDS_METADATA])
+    if shards is not None and have != shards:
+        raise ShardMismatch("stream %r has %d shards, not %d: drain it and recreate it "
+                            "to change the shard count" % (stream, have, shards))
+
+    if await _stream_info_or_none(js, dead_stream(stream)) is None:
+        try:
+            await js.add_stream(StreamConfig(
+                name=dead_stream(stream),
+                subjects=["%s.>" % (dead_stream(stream),)],
+                storage=StorageType.FILE,
+                max_age=DEAD_MAX_AGE,
+                duplicate_window=DUPLICATE_WINDOW,
+                description="fastdispatch dead letters of %s" % (stream,),
+            ))
+        except BadRequestError:
+            pass
+
+    from nats.js.errors import NotFoundError
+    for shard in range(have):
+        name = consumer_name(shard)
+        try:
+            await js.consumer_info(stream, name)
+            continue
+        except NotFoundError:
+            pass
+        try:
+            await js.add_consumer(stream, ConsumerConfig(
+                durable_name=name,
+                filter_subject="%s.%d.*" % (stream, shard),
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                max_ack_pending=1,
+                ack_wait=ack_wait,
+                max_deliver=-1,
+            ))
+        except BadRequestError:
+            # Created concurrently by another process (same config).
+            await js.consumer_info(stream, name)
+    return have

@@ -1,0 +1,481 @@
+"""fastdispatch.cluster against real servers: nats-server -js and redis-server.
+
+Every test starts its own servers on free loopback ports (``LocalCluster``)
+and worker processes (``python -m fastdispatch.cluster worker``) that load
+``tests/cluster_sender.py``; the checks are made from that sender's own
+record of what it sent.  Nothing here is skipped: a server that cannot start
+fails the test.  Select these tests with ``-m cluster``; the longer ones are
+also marked ``stress``.
+
+Sizing (2 cores): global limits of a few hundred sends per second, so that
+thousands of messages take seconds, and ``ack_wait`` of 2 s, so that a
+killed worker's message comes back quickly.
+"""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import nats  # the 'cluster' extra: a missing one fails the tests, never skips them
+import redis
+
+from fastdispatch import OutboundDispatcher, RateLimit
+from fastdispatch.cluster import (ClusterProducer, ClusterUnavailable, ClusterWorker,
+                                  ShardMismatch, SharedLimiter, dead_stream)
+from fastdispatch.cluster._demo import LocalCluster, wait_for
+from fastdispatch.cluster._servers import NatsServer, RedisServer, free_port
+from fastdispatch.cluster._verify import _max_in_window, parse_record, read_file_records, verify
+
+pytestmark = pytest.mark.cluster
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SENDER = "cluster_sender:make_sender"
+STREAM = "fdtest"
+
+
+def _env(record, **extra):
+    env = {"FD_SENDER_RECORD": record, "FD_SENDER_STREAM": STREAM,
+           "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.update(extra)
+    return env
+
+
+def make_cluster(tmp_path, *, global_limit="300/1", chat_limit="10/1", record=None,
+                 extra_args=(), **kwargs):
+    record = record or str(tmp_path / "record")
+    if not record.startswith("redis://"):
+        os.makedirs(record, exist_ok=True)
+    args = ["--fetch-timeout", "1", "--ack-wait", "2"]
+    if global_limit:
+        args += ["--global-limit", global_limit]
+    if chat_limit:
+        args += ["--chat-limit", chat_limit]
+    cluster = LocalCluster(stream=STREAM, sender=SENDER, worker_args=args + list(extra_args),
+                           env=_env(record), workdir=str(tmp_path / "cluster"), **kwargs)
+    cluster.record = record
+    return cluster
+
+
+def publish_round_robin(producer, chats, per_chat, first_chat=0, expected=None):
+    """per_chat messages to each of chats chats, interleaved; payload = seq."""
+    expected = {} if expected is None else expected
+    for _ in range(per_chat):
+        for c in range(first_chat, first_chat + chats):
+            chat = "chat%d" % c
+            seq = expected.get(chat, 0)
+            expected[chat] = seq + 1
+            producer.publish(chat, str(seq).encode())
+    return expected
+
+
+def count_lines(directory):
+    n = 0
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name), "rb") as f:
+            n += f.read().count(b"\n")
+    return n
+
+
+def distinct_sent(records):
+    return len({(r.chat, r.seq) for r in records})
+
+
+def stop_all(cluster, workers):
+    codes = [cluster.terminate(w) for w in workers]
+    assert codes == [0] * len(workers), "workers did not exit 0 on SIGTERM: %r\n%s" % (
+        codes, "\n".join(cluster.worker_log(w)[-3000:] for w in workers))
+
+
+def assert_clean(verdict, *, duplicates_allowed=True):
+    assert not verdict.missing, "messages never sent: %r" % (verdict.missing[:20],)
+    assert not verdict.order_violations, "out of order: %r" % (verdict.order_violations[:20],)
+    assert not verdict.overlaps, "two sends of one chat at once: %r" % (verdict.overlaps[:20],)
+    assert not verdict.duplicates_not_after_crash, verdict.duplicates_not_after_crash[:20]
+    assert all(sends == 2 for _, _, sends in verdict.duplicates), verdict.duplicates
+    if not duplicates_allowed:
+        assert not verdict.duplicates, "sent twice: %r" % (verdict.duplicates,)
+    if verdict.global_limit is not None:
+        assert verdict.global_max <= verdict.global_limit.count, verdict.lines()
+    if verdict.chat_limit is not None:
+        assert verdict.chat_max <= verdict.chat_limit.count, verdict.lines()
+
+
+# -- the kill test --------------------------------------------------------------
+
+
+def run_kill_test(tmp_path, *, chats, per_chat, kills, global_limit=250, min_ratio=0.85):
+    with make_cluster(tmp_path, global_limit="%d/1" % global_limit) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        workers = [cluster.spawn_worker() for _ in range(3)]
+        expected = publish_round_robin(producer, chats, per_chat)
+        total = chats * per_chat
+        crashed = set()
+        for k in range(kills):
+            share = (k + 1) / (kills + 1)
+            assert wait_for(lambda: count_lines(cluster.record) >= total * share, 120, 0.3)
+            victim = workers.pop(0)
+            cluster.kill(victim)
+            crashed.add(victim.pid)
+            workers.append(cluster.spawn_worker())
+        assert wait_for(lambda: count_lines(cluster.record) >= total
+                        and distinct_sent(read_file_records(cluster.record)) >= total,
+                        120, 0.5), "not everything was sent:\n" + cluster.worker_log(workers[0])
+        stop_all(cluster, workers)
+        producer.close()
+        verdict = verify(read_file_records(cluster.record), expected,
+                         global_limit=RateLimit(global_limit, 1.0),
+                         chat_limit=RateLimit(10, 1.0), crashed_pids=crashed)
+        print("\n".join(verdict.lines()))
+        assert_clean(verdict)
+        assert verdict.throughput >= min_ratio * global_limit, verdict.lines()
+        return verdict
+
+
+def test_kill_9_mid_run_loses_nothing_and_keeps_every_chat_in_order(tmp_path):
+    # 3 workers, 5,040 messages over 120 chats, one worker SIGKILLed at 40%:
+    # nothing missing, per-chat order, no overlap, duplicates only as
+    # redeliveries after the crash, both limits hold in every window across
+    # the processes, and throughput stays >= 0.85x the global limit.
+    run_kill_test(tmp_path, chats=120, per_chat=42, kills=1)
+
+
+@pytest.mark.stress
+def test_repeated_kills_lose_nothing_and_keep_every_chat_in_order(tmp_path):
+    # Three kills (each victim replaced by a fresh worker), 9,000 messages.
+    # Each kill stalls about a third of the chats for ack_wait (2 s), and
+    # stalled chats then catch up at their own 10/s: 0.80x the limit here.
+    run_kill_test(tmp_path, chats=150, per_chat=60, kills=3, global_limit=300,
+                  min_ratio=0.80)
+
+
+def test_sender_that_records_keys_never_sends_twice_across_kills(tmp_path):
+    # The sender records each key where the worker checks it (one MULTI/EXEC
+    # with its own record): even SIGKILL right after a send cannot make the
+    # message go out twice.
+    redis_port = free_port()
+    record = "redis://127.0.0.1:%d/0" % redis_port
+    cluster = make_cluster(tmp_path, global_limit="300/1", record=record, start_redis=False)
+    cluster.redis.port = redis_port
+    with cluster:
+        cluster.redis.start()
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        workers = [cluster.spawn_worker() for _ in range(3)]
+        expected = publish_round_robin(producer, 100, 15)
+        client = redis.Redis.from_url(cluster.redis.url)
+        crashed = set()
+        for share in (0.3, 0.6):
+            assert wait_for(lambda: client.llen("fd-test:record") >= 1500 * share, 60, 0.1)
+            victim = workers.pop(0)
+            cluster.kill(victim)
+            crashed.add(victim.pid)
+            workers.append(cluster.spawn_worker())
+
+        def records():
+            return [parse_record(x.decode()) for x in client.lrange("fd-test:record", 0, -1)]
+        assert wait_for(lambda: distinct_sent(records()) >= 1500, 60, 0.3)
+        stop_all(cluster, workers)
+        producer.close()
+        verdict = verify(records(), expected, global_limit=RateLimit(300, 1.0),
+                         chat_limit=RateLimit(10, 1.0), crashed_pids=crashed)
+        assert_clean(verdict, duplicates_allowed=False)
+        client.close()
+
+
+def test_worker_added_mid_run_keeps_every_chat_in_order(tmp_path):
+    with make_cluster(tmp_path) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        workers = [cluster.spawn_worker()]
+        expected = publish_round_robin(producer, 100, 20)
+        assert wait_for(lambda: count_lines(cluster.record) >= 500, 60, 0.2)
+        workers += [cluster.spawn_worker(), cluster.spawn_worker()]
+        assert wait_for(lambda: count_lines(cluster.record) >= 2000, 60, 0.3)
+        stop_all(cluster, workers)
+        producer.close()
+        records = read_file_records(cluster.record)
+        verdict = verify(records, expected, global_limit=RateLimit(300, 1.0),
+                         chat_limit=RateLimit(10, 1.0))
+        assert_clean(verdict, duplicates_allowed=False)
+        late = {w.pid for w in workers[1:]}
+        assert sum(r.pid in late for r in records) > 100, "the added workers took no work"
+
+
+def test_redis_restart_mid_run_loses_nothing_and_limits_hold(tmp_path):
+    with make_cluster(tmp_path) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        workers = [cluster.spawn_worker() for _ in range(3)]
+        expected = publish_round_robin(producer, 100, 20)
+        assert wait_for(lambda: count_lines(cluster.record) >= 600, 60, 0.2)
+        cluster.redis.stop()            # SIGTERM: Redis writes its append-only file
+        down_at = count_lines(cluster.record)
+        time.sleep(1.5)
+        cluster.redis.start()           # same port, same data directory
+        assert wait_for(lambda: count_lines(cluster.record) >= 2000, 60, 0.3)
+        stop_all(cluster, workers)
+        producer.close()
+        verdict = verify(read_file_records(cluster.record), expected,
+                         global_limit=RateLimit(300, 1.0), chat_limit=RateLimit(10, 1.0))
+        assert_clean(verdict, duplicates_allowed=False)
+        logs = "".join(cluster.worker_log(w) for w in workers)
+        assert "cannot reach Redis at %s" % cluster.redis.url in logs
+        # (a few sends may finish while Redis goes down; none start without it)
+        assert down_at < 2000
+
+
+def test_worker_started_before_nats_waits_for_it_and_then_works(tmp_path):
+    with make_cluster(tmp_path, start_nats=False) as cluster:
+        worker = cluster.spawn_worker()
+        assert wait_for(lambda: "cannot reach NATS at %s" % cluster.nats.url
+                        in cluster.worker_log(worker), 20, 0.1), cluster.worker_log(worker)
+        time.sleep(1.5)
+        assert worker.poll() is None, "the worker exited instead of waiting for NATS"
+        cluster.nats.start()
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        expected = publish_round_robin(producer, 20, 10)
+        assert wait_for(lambda: count_lines(cluster.record) >= 200, 60, 0.2), \
+            cluster.worker_log(worker)
+        stop_all(cluster, [worker])
+        producer.close()
+        assert_clean(verify(read_file_records(cluster.record), expected),
+                     duplicates_allowed=False)
+
+
+def test_worker_started_before_redis_waits_for_it_and_then_works(tmp_path):
+    with make_cluster(tmp_path, start_redis=False) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        expected = publish_round_robin(producer, 20, 10)
+        worker = cluster.spawn_worker()
+        assert wait_for(lambda: "cannot reach Redis at %s" % cluster.redis.url
+                        in cluster.worker_log(worker), 20, 0.1), cluster.worker_log(worker)
+        time.sleep(1.0)
+        assert worker.poll() is None and count_lines(cluster.record) == 0
+        cluster.redis.start()
+        assert wait_for(lambda: count_lines(cluster.record) >= 200, 60, 0.2), \
+            cluster.worker_log(worker)
+        stop_all(cluster, [worker])
+        producer.close()
+        assert_clean(verify(read_file_records(cluster.record), expected),
+                     duplicates_allowed=False)
+
+
+# -- failures, retries, shutdown -------------------------------------------------
+
+
+async def _dead_letters(url, count):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    sub = await js.pull_subscribe(dead_stream(STREAM) + ".>", durable="inspect",
+                                  stream=dead_stream(STREAM))
+    msgs = await sub.fetch(count, timeout=5)
+    out = [(m.subject, m.data, dict(m.headers or {})) for m in msgs]
+    await nc.close()
+    return out
+
+
+def test_message_failed_for_good_goes_to_dead_letter_with_its_error(tmp_path):
+    with make_cluster(tmp_path) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        worker = cluster.spawn_worker()
+        key = None
+        for seq in range(6):
+            payload = b"%d|fail" % seq if seq == 3 else b"%d" % seq
+            k = producer.publish("chat-x", payload)
+            key = k if seq == 3 else key
+        assert wait_for(lambda: count_lines(cluster.record) >= 5, 30, 0.1)
+        stop_all(cluster, [worker])
+        producer.close()
+        records = read_file_records(cluster.record)
+        assert [r.seq for r in records] == [0, 1, 2, 4, 5]   # the chat went on, in order
+        dead = asyncio.run(_dead_letters(cluster.nats.url, 1))
+        assert len(dead) == 1
+        subject, data, headers = dead[0]
+        assert data == b"3|fail" and subject.startswith(dead_stream(STREAM) + ".")
+        assert headers["Fd-Error"] == "ValueError: refused by the test sender"
+        assert headers["Fd-Chat"] == "chat-x" and headers["Fd-Key"] == key
+        assert "dead-lettered 1" in cluster.worker_log(worker)
+
+
+def test_retry_after_longer_than_ack_wait_is_kept_in_progress_not_redelivered(tmp_path):
+    # ack_wait is 2 s; the send asks to be retried after 4 s.  The worker
+    # waits it out (the dispatcher re-runs the task ahead of the chat's later
+    # messages) while telling the server "in progress": the second worker
+    # never gets the message, it is sent once, and the chat keeps its order.
+    with make_cluster(tmp_path, global_limit=None, chat_limit=None) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        workers = [cluster.spawn_worker(), cluster.spawn_worker()]
+        t0 = time.time()
+        producer.publish("chat-r", b"0|retry:4")
+        producer.publish("chat-r", b"1")
+        assert wait_for(lambda: count_lines(cluster.record) >= 2, 30, 0.1)
+        time.sleep(0.5)
+        stop_all(cluster, workers)
+        producer.close()
+        records = sorted(read_file_records(cluster.record), key=lambda r: r.start)
+        assert [r.seq for r in records] == [0, 1]
+        assert records[0].start - t0 >= 4.0
+        logs = "".join(cluster.worker_log(w) for w in workers)
+        assert "redeliveries seen 0" in logs and "redeliveries seen 1" not in logs, logs
+
+
+def test_sigterm_lets_the_send_in_flight_finish_and_exits_0(tmp_path):
+    with make_cluster(tmp_path, global_limit=None, chat_limit=None) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        worker = cluster.spawn_worker()
+        assert wait_for(lambda: "worker " in cluster.worker_log(worker), 20, 0.1)
+        producer.publish("chat-s", b"0|slow:2")
+        time.sleep(0.7)                       # the send is under way
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        records = read_file_records(cluster.record)
+        assert [r.seq for r in records] == [0]
+        assert "sent 1," in cluster.worker_log(worker)
+        # Acknowledged: a new worker finds nothing to send again.
+        again = cluster.spawn_worker()
+        time.sleep(3.0)
+        stop_all(cluster, [again])
+        assert len(read_file_records(cluster.record)) == 1
+        producer.close()
+
+
+# -- topology, limiter, command line ----------------------------------------------
+
+
+def test_worker_learns_the_shard_count_from_the_stream(tmp_path):
+    with make_cluster(tmp_path) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, shards=8)
+        worker = cluster.spawn_worker()
+        expected = publish_round_robin(producer, 30, 3)
+        assert wait_for(lambda: count_lines(cluster.record) >= 90, 30, 0.1)
+        stop_all(cluster, [worker])
+        assert "8 shards" in cluster.worker_log(worker)
+        assert_clean(verify(read_file_records(cluster.record), expected),
+                     duplicates_allowed=False)
+        with pytest.raises(ShardMismatch, match="has 8 shards"):
+            ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, shards=16)
+        producer.close()
+
+
+def test_producer_names_the_url_when_nats_is_unreachable():
+    url = "nats://127.0.0.1:%d" % free_port()
+    with pytest.raises(ClusterUnavailable, match="cannot reach NATS at " + url):
+        ClusterProducer(nats_url=url, stream=STREAM, connect_timeout=1)
+
+
+def test_producer_rejects_bad_arguments_at_the_call(tmp_path):
+    with NatsServer(data_dir=str(tmp_path)) as server:
+        with pytest.raises(ValueError, match="stream"):
+            ClusterProducer(nats_url=server.url, stream="a.b")
+        with ClusterProducer(nats_url=server.url, stream=STREAM, shards=4) as producer:
+            with pytest.raises(TypeError, match="payload"):
+                producer.publish("c", "text")
+            with pytest.raises(TypeError, match="chat_id"):
+                producer.publish(None, b"x")
+            with pytest.raises(TypeError, match="key"):
+                producer.publish("c", b"x", key=5)
+            assert producer.publish("c", b"x", key="k1") == "k1"
+            assert len(producer.publish(12345, b"x")) == 32
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(max_inflight=0), ValueError, "max_inflight"),
+    (dict(send_timeout="x"), TypeError, "send_timeout"),
+    (dict(ack_wait=-1), ValueError, "ack_wait"),
+    (dict(global_limit="30/1"), TypeError, "global_limit"),
+    (dict(chat_limit=1), TypeError, "chat_limit"),
+    (dict(shards=0), ValueError, "shards"),
+    (dict(stream="a b"), ValueError, "stream"),
+    (dict(limit_guard=-0.1), ValueError, "limit_guard"),
+])
+def test_worker_rejects_bad_arguments_at_the_call(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        ClusterWorker(lambda sc, chat, payload, key: None, nats_url="nats://127.0.0.1:1",
+                      redis_url="redis://127.0.0.1:1/0", **kwargs)
+    with pytest.raises(TypeError, match="sender"):
+        ClusterWorker(None, nats_url="nats://127.0.0.1:1", redis_url="redis://127.0.0.1:1/0")
+
+
+class _Ctx:
+    """Stands in for a SendContext outside a dispatcher (no deadline)."""
+
+    cancelled = False
+
+    def wait(self, timeout):
+        time.sleep(timeout)
+        return False
+
+    def remaining(self):
+        return None
+
+    def check(self):
+        pass
+
+
+def test_shared_limiter_never_lets_a_window_hold_more_than_the_limit(tmp_path):
+    # Six threads over two clients (as if two processes) take starts for
+    # three chats as fast as the script allows: no 0.5 s window holds more
+    # than 20 starts in all, nor more than 5 of one chat.
+    with RedisServer(data_dir=str(tmp_path)) as server:
+        clients = [redis.Redis.from_url(server.url) for _ in range(2)]
+        limiters = [SharedLimiter(c, STREAM, RateLimit(20, 0.5), RateLimit(5, 0.5))
+                    for c in clients]
+        starts, lock = [], threading.Lock()
+
+        def run(i):
+            for n in range(25):
+                chat = "c%d" % ((i + n) % 3)
+                assert limiters[i % 2].acquire(chat, _Ctx(), 30) is None
+                with lock:
+                    starts.append((time.time(), chat))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(starts) == 150
+        starts.sort()
+        busiest = _max_in_window([t for t, _ in starts], 0.5)
+        assert 15 <= busiest <= 20      # the limit holds, and is used
+        for chat in ("c0", "c1", "c2"):
+            assert _max_in_window([t for t, c in starts if c == chat], 0.5) <= 5
+        for c in clients:
+            c.close()
+
+
+def test_shared_limiter_gives_back_a_reservation_it_cannot_wait_for(tmp_path):
+    with RedisServer(data_dir=str(tmp_path)) as server:
+        client = redis.Redis.from_url(server.url)
+        limiter = SharedLimiter(client, STREAM, RateLimit(1, 10.0), None, guard=0)
+        assert limiter.acquire("c", _Ctx(), 1.0) is None
+        wait = limiter.acquire("c", _Ctx(), 1.0)       # next start is 10 s away
+        assert 9.0 < wait <= 10.0
+        assert client.zcard(limiter.keys_for("c")[0]) == 1   # nothing reserved
+        client.close()
+
+
+def test_worker_command_rejects_bad_arguments_with_exit_2(tmp_path):
+    base = [sys.executable, "-m", "fastdispatch.cluster", "worker", "--nats",
+            "nats://127.0.0.1:1", "--redis", "redis://127.0.0.1:1/0"]
+    r = subprocess.run(base + ["--sender", SENDER, "--global-limit", "30"],
+                       capture_output=True, text=True, env=dict(os.environ, **_env("x")))
+    assert r.returncode == 2 and "--global-limit" in r.stderr and "N/S" in r.stderr
+    r = subprocess.run(base + ["--sender", "no_such_module:make"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "cannot load --sender no_such_module:make" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "fastdispatch.cluster", "nope"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_demo_command_prints_a_clean_verification():
+    r = subprocess.run([sys.executable, "-m", "fastdispatch.cluster", "demo", "--messages",
+                        "1500", "--chats", "100", "--global-limit", "400/1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for line in ("missing:             0", "order violations:    0",
+                 "overlapping sends:   0", "verdict:             OK", "kill -9 worker pid"):
+        assert line in r.stdout, r.stdout
