@@ -334,6 +334,20 @@ def _chat_key(chat_id):
     return _ChatKey(chat_id, hash_value)
 
 
+def _take_head_locked(q):
+    # With q.lock held: the chat's next task (a retried one first, then the
+    # oldest waiting), or None when it has none.
+    item = q.retry_item
+    if item is not None:
+        q.retry_item = None
+    elif q._items:
+        item = q._items.popleft()
+    else:
+        return None
+    item._queue_len = len(q._items)
+    return item
+
+
 def _settle(future, exc):
     """Resolve a not-started task's Future with ``exc``.
 
@@ -678,19 +692,13 @@ class DispatcherCore:
                     continue
             else:
                 with q.lock:
-                    item = q.retry_item
-                    if item is not None:
-                        q.retry_item = None
-                    elif q._items:
-                        item = q._items.popleft()
-                    else:
+                    item = _take_head_locked(q)
+                    if item is None:
                         # Invariant 4: the empty queue leaves the map while
                         # its lock is held, so a submitter's re-check cannot
                         # miss it.
                         q.running = False
                         self._remove_locked(q)
-                    if item is not None:
-                        item._queue_len = len(q._items)
             if item is None:
                 break
             ran = self._run(item, q)
@@ -734,13 +742,7 @@ class DispatcherCore:
             admitted = self._admit_locked(q, window)
             if admitted is not True:
                 return _AGAIN if admitted is None else _PARKED
-            item = q.retry_item
-            if item is not None:
-                q.retry_item = None
-            else:
-                item = q._items.popleft()
-            item._queue_len = len(q._items)
-            return item
+            return _take_head_locked(q)
 
     def _admit_locked(self, q, window):
         """May ``q`` start its next task now?  Else park it.
@@ -868,11 +870,7 @@ class DispatcherCore:
         # __hash__/__eq__ failed): its next task fails with that error, the
         # chat goes on with the one after.
         with q.lock:
-            item = q.retry_item
-            if item is not None:
-                q.retry_item = None
-            elif q._items:
-                item = q._items.popleft()
+            item = _take_head_locked(q)
         if item is None:
             return False
         logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)

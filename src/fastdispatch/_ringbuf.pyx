@@ -616,6 +616,20 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
     return item
 
 
+cdef inline SendContext _take_head_locked(ChatQueue q):
+    # With q._lock held: the chat's next task (a retried one first, then the
+    # oldest waiting), or None when it has none.
+    cdef SendContext item = q._retry_item
+    if item is not None:
+        q._retry_item = None
+    elif q._count:
+        item = <SendContext>q._pop()
+    else:
+        return None
+    item._queue_len = q._count
+    return item
+
+
 cdef bint _settle(object future, object exc) except -1:
     """Resolve a not-started task's Future with ``exc``.
 
@@ -1124,19 +1138,13 @@ cdef class DispatcherCore:
                 item = <SendContext>found
             else:
                 with q._lock:
-                    item = q._retry_item
-                    if item is not None:
-                        q._retry_item = None
-                        item._queue_len = q._count
-                    elif q._count == 0:
+                    item = _take_head_locked(q)
+                    if item is None:
                         # Invariant 4: the empty queue leaves the map while
                         # its lock is held, so a submitter's re-check cannot
                         # miss it.
                         q._running = False
                         self._remove_locked(q)
-                    else:
-                        item = q._pop()
-                        item._queue_len = q._count
             if item is None:
                 break
             ran = self._run(item, q)
@@ -1187,13 +1195,7 @@ cdef class DispatcherCore:
             admitted = self._admit_locked(q, window)
             if admitted != 1:
                 return _AGAIN if admitted < 0 else _PARKED_CHAT
-            item = q._retry_item
-            if item is not None:
-                q._retry_item = None
-            else:
-                item = q._pop()
-            item._queue_len = q._count
-            return item
+            return _take_head_locked(q)
 
     cdef int _admit_locked(self, ChatQueue q, _Window window) except -2:
         """May ``q`` start its next task now?  Else park it.
@@ -1329,11 +1331,7 @@ cdef class DispatcherCore:
         # chat goes on with the one after.
         cdef SendContext item
         with q._lock:
-            item = q._retry_item
-            if item is not None:
-                q._retry_item = None
-            elif q._count:
-                item = q._pop()
+            item = _take_head_locked(q)
         if item is None:
             return False
         logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)
