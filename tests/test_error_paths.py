@@ -809,3 +809,26 @@ def test_no_future_is_left_pending_by_a_storm_of_hostile_code(make_dispatcher, c
         assert d.drain(10)
     gc.collect()
     assert d.active_chats == 0 and _accounted(d)
+
+
+# ---------------------------------- 14. a Future seen done is already counted
+
+def test_a_future_seen_done_is_already_counted(make_dispatcher):
+    d = make_dispatcher(send_timeout=0.2, max_inflight=2)
+    seen = []
+
+    def check(expected_field):
+        def callback(fut):
+            seen.append(getattr(d.stats(), expected_field))
+        return callback
+
+    ok = d.submit("a", lambda sc: "ok")
+    ok.add_done_callback(check("completed"))
+    bad = d.submit("b", lambda sc: 1 / 0)
+    bad.add_done_callback(check("failed"))
+    slow = d.submit("c", lambda sc: time.sleep(1.0))
+    slow.add_done_callback(check("timed_out"))
+    for fut in (ok, bad, slow):
+        concurrent.futures.wait([fut], timeout=5)
+    assert d.drain(5)
+    assert seen == [1, 1, 1]

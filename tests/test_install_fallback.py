@@ -41,9 +41,11 @@ def test_compiler_failure_never_ships_an_old_compiled_core(tmp_path):
     src = tmp_path / "checkout"
     src.mkdir()
     _copy_checkout(src)
-    # Where setuptools builds the extension: build/lib.<platform>-<cache tag>/.
-    build_lib = src / "build" / ("lib.%s-%s" % (sysconfig.get_platform(),
-                                                 sys.implementation.cache_tag))
+    # Where setuptools builds the extension: build/lib.<platform>-<cache tag>/
+    # (with a "t" after the tag on a free-threaded build).
+    build_lib = src / "build" / ("lib.%s-%s%s" % (
+        sysconfig.get_platform(), sys.implementation.cache_tag,
+        "t" if sysconfig.get_config_var("Py_GIL_DISABLED") else ""))
     stale = build_lib / "fastdispatch" / ("_ringbuf" + sysconfig.get_config_var("EXT_SUFFIX"))
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"an extension compiled by an earlier build")

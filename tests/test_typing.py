@@ -196,6 +196,13 @@ def test_stubs_match_the_modules_at_run_time(request, tmp_path):
             "FASTDISPATCH_NO_EXTENSIONS", "") not in ("", "0"):
         pytest.skip("compiled core disabled (--no-c-extensions)")
     pytest.importorskip("mypy.stubtest")
+    from mypy.version import __version__ as mypy_version
+    if int(mypy_version.split(".")[0]) < 2:
+        # mypy 2 needs ast-serialize, which has no wheel for every interpreter
+        # (none for free-threaded 3.13): pip then falls back to mypy 1, whose
+        # stubtest reports a few dozen differences that mypy 2's does not.
+        # The allowlist is kept for mypy 2; the other builds check the stubs.
+        pytest.skip("stubtest of mypy %s: the allowlist is kept for mypy 2" % mypy_version)
     import fastdispatch._ringbuf  # noqa: F401  (the conftest's rule: built, or say so)
     proc = _run([sys.executable, "-m", "mypy.stubtest", "fastdispatch._ringbuf",
                  "fastdispatch.pacing", "fastdispatch._dispatcher",

@@ -1026,14 +1026,15 @@ class DispatcherCore:
 
     def _resolve(self, item, result, error, outcome):
         # Only the owner of the outcome touches (and then drops) the Future.
+        # Counted first: whoever sees the Future done sees it counted.
         future = item._future
         item._future = None
+        self._count(outcome)
         if future is not None:
             if error is None:
                 future.set_result(result)
             else:
                 future.set_exception(error)
-        self._count(outcome)
         if self._on_done is not None:
             self._report(item, error, monotonic() - item._t_start)
 
@@ -1279,9 +1280,9 @@ class DispatcherCore:
         outcome = "timed_out" if reason == _BY_TIMEOUT else "cancelled"
         future = item._future
         item._future = None
+        self._count(outcome)
         if future is not None:
             future.set_exception(error)
-        self._count(outcome)
         # on_done is called by the task's worker once the task returns (see
         # _run): a slow hook here would hold every other deadline, or
         # force_close().

@@ -1489,11 +1489,12 @@ cdef class DispatcherCore:
     cdef int _resolve(self, SendContext item, object result, object error,
                       int outcome) except -1:
         # Only the owner of the outcome touches (and then drops) the Future.
+        # Counted first: whoever sees the Future done sees it counted.
         cdef object future = item._future
         item._future = None
+        FD_ADD(&self._counts[outcome], 1)
         if future is not None:
             _future_finish(future, result, error)
-        FD_ADD(&self._counts[outcome], 1)
         if self._on_done is not None:
             self._report(item, error, <double>monotonic() - item._t_start)
         return 0
@@ -1785,9 +1786,9 @@ cdef class DispatcherCore:
         error = self._expired_error(item)
         future = item._future
         item._future = None
+        FD_ADD(&self._counts[outcome], 1)
         if future is not None:
             future.set_exception(error)
-        FD_ADD(&self._counts[outcome], 1)
         # on_done is called by the task's worker once the task returns (see
         # _run): a slow hook here would hold every other deadline, or
         # force_close().
