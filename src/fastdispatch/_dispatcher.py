@@ -17,7 +17,6 @@ it started, the deadline thread included.
 """
 
 import itertools
-import logging
 import math
 import numbers
 import sys
@@ -28,8 +27,6 @@ from ._types import DispatcherHooks, DispatcherStats
 from .pacing import Pacing, RetryPolicy
 
 __all__ = ["build_dispatcher_class"]
-
-logger = logging.getLogger("fastdispatch")
 
 _HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected", "on_retry")
 

@@ -53,7 +53,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, NamedTuple, Optional, Set
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from .pacing import RateLimit
 
