@@ -169,7 +169,7 @@ def test_json_answers_map_by_error_code(server, sender):
     server.inject("error", status=500)
     assert isinstance(failure(send, sender), TelegramNetworkError)
     # A 429 without parameters: retry after 1 s rather than hammering.
-    from fastdispatch.telegram import _decode
+    from fastdispatch.telegram._sender import _decode
     _, err = _decode("sendMessage", 429, b'{"ok": false, "error_code": 429}')
     assert isinstance(err, RetryAfter) and err.seconds == 1.0
     _, err = _decode("sendMessage", 400, b'{"ok": false, "error_code": 400, '
