@@ -50,6 +50,7 @@ scrubbed.
 
 import collections
 import heapq
+import http.client
 import itertools
 import json as _json
 import logging
@@ -446,7 +447,7 @@ class JsonHttpClient:
                 pool_timeout=t,  # type: ignore[arg-type]
                 preload_content=False, release_conn=False)
             answer = self._read(response)
-        except (_Urllib3Error, OSError, HttpTransportError) as exc:
+        except (_Urllib3Error, OSError, http.client.HTTPException, HttpTransportError) as exc:
             # Built here, raised below: outside this block, the new error has
             # no __context__ that could carry the URL (and the secret).
             err = exc
@@ -510,7 +511,7 @@ class JsonHttpClient:
                          preload_content=False)
             response = conn.getresponse()
             answer = self._read(response)
-        except (_Urllib3Error, OSError, HttpTransportError) as exc:
+        except (_Urllib3Error, OSError, http.client.HTTPException, HttpTransportError) as exc:
             err = exc
         finally:
             _current.call = None
