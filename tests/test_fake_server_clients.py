@@ -25,6 +25,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,36 @@ def library(name):
 
 # -- one adapter per library: the same operations, each in its library's way ------------
 
-class PTB:
+class AsyncClient:
+    """What PTB and aiogram share: coroutines run on a loop of the test's own,
+    the same method names."""
+
+    loop: asyncio.AbstractEventLoop
+    bot: Any
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def get_me(self):
+        return self.run(self.bot.get_me())
+
+    def send(self, chat, text):
+        return self.run(self.bot.send_message(chat, text))
+
+    def action(self, chat):
+        return self.run(self.bot.send_chat_action(chat, "typing"))
+
+    def delete(self, chat, message_id):
+        return self.run(self.bot.delete_message(chat, message_id))
+
+    def get_chat(self, chat):
+        return self.run(self.bot.get_chat(chat))
+
+    def admins(self, chat):
+        return self.run(self.bot.get_chat_administrators(chat))
+
+
+class PTB(AsyncClient):
     name = "python-telegram-bot"
 
     def __init__(self, base_url):
@@ -91,35 +121,14 @@ class PTB:
                                 get_updates_request=HTTPXRequest(read_timeout=15))
         self.run(self.bot.initialize())
 
-    def run(self, coro):
-        return self.loop.run_until_complete(coro)
-
     def close(self):
         try:
             self.run(self.bot.shutdown())
         finally:
             self.loop.close()
 
-    def get_me(self):
-        return self.run(self.bot.get_me())
-
-    def send(self, chat, text):
-        return self.run(self.bot.send_message(chat, text))
-
-    def action(self, chat):
-        return self.run(self.bot.send_chat_action(chat, "typing"))
-
     def edit(self, chat, message_id, text):
         return self.run(self.bot.edit_message_text(text, chat_id=chat, message_id=message_id))
-
-    def delete(self, chat, message_id):
-        return self.run(self.bot.delete_message(chat, message_id))
-
-    def get_chat(self, chat):
-        return self.run(self.bot.get_chat(chat))
-
-    def admins(self, chat):
-        return self.run(self.bot.get_chat_administrators(chat))
 
     def updates(self, timeout):
         return self.run(self.bot.get_updates(timeout=timeout))
@@ -139,7 +148,7 @@ class PTB:
         return isinstance(exc, self.errors.NetworkError)
 
 
-class Aiogram:
+class Aiogram(AsyncClient):
     name = "aiogram"
 
     def __init__(self, base_url):
@@ -156,36 +165,15 @@ class Aiogram:
                 api=TelegramAPIServer.from_base(base_url)))
         self.bot = self.run(make())
 
-    def run(self, coro):
-        return self.loop.run_until_complete(coro)
-
     def close(self):
         try:
             self.run(self.bot.session.close())
         finally:
             self.loop.close()
 
-    def get_me(self):
-        return self.run(self.bot.get_me())
-
-    def send(self, chat, text):
-        return self.run(self.bot.send_message(chat, text))
-
-    def action(self, chat):
-        return self.run(self.bot.send_chat_action(chat, "typing"))
-
     def edit(self, chat, message_id, text):
         return self.run(self.bot.edit_message_text(text=text, chat_id=chat,
                                                    message_id=message_id))
-
-    def delete(self, chat, message_id):
-        return self.run(self.bot.delete_message(chat, message_id))
-
-    def get_chat(self, chat):
-        return self.run(self.bot.get_chat(chat))
-
-    def admins(self, chat):
-        return self.run(self.bot.get_chat_administrators(chat))
 
     def updates(self, timeout):
         return self.run(self.bot.get_updates(timeout=timeout, request_timeout=timeout + 10))

@@ -432,37 +432,44 @@ class JsonHttpClient:
                 timeout: Optional[float] = None) -> HttpAnswer:
         """One call through the pool, all of it within ``timeout`` seconds."""
         data, headers = self._body(json, body, headers)
-        t = self.timeout if timeout is None else timeout
-        t = max(t, 0.001)
-        call = _watchdog.arm(time.monotonic() + t)
-        response = None
-        err = None
-        _current.call = call
-        try:
-            response = self._pool.urlopen(
-                method, self.path + path, body=data, headers=headers,
-                retries=False, redirect=False, assert_same_host=False,
-                timeout=urllib3.Timeout(connect=min(t, self.connect_timeout), read=t),
-                # urllib3 annotates int, but hands it to queue.get(timeout=): a float works
-                pool_timeout=t,  # type: ignore[arg-type]
-                preload_content=False, release_conn=False)
-            answer = self._read(response)
-        except (_Urllib3Error, OSError, http.client.HTTPException, HttpTransportError) as exc:
-            # Built here, raised below: outside this block, the new error has
-            # no __context__ that could carry the URL (and the secret).
-            err = exc
-        finally:
-            _current.call = None
-            _watchdog.disarm(call)
+        t = max(self.timeout if timeout is None else timeout, 0.001)
+        response, answer, err = self._exchange(t, lambda: self._pool.urlopen(
+            method, self.path + path, body=data, headers=headers,
+            retries=False, redirect=False, assert_same_host=False,
+            timeout=urllib3.Timeout(connect=min(t, self.connect_timeout), read=t),
+            # urllib3 annotates int, but hands it to queue.get(timeout=): a float works
+            pool_timeout=t,  # type: ignore[arg-type]
+            preload_content=False, release_conn=False))
         if err is not None:
             if response is not None:
                 conn = response.connection
                 if conn is not None:
                     conn.close()  # a half-read answer: not reusable
                 response.release_conn()
-            raise self._transport_error(err, call, t)
-        response.release_conn()
+            raise err
+        response.release_conn()  # only now: the watchdog is done with its connection
         return answer
+
+    def _exchange(self, t, send):
+        """``send()`` (which sends the request and returns the response) and
+        the reading of the whole answer, under a deadline of ``t`` seconds.
+        Returns ``(response or None, answer or None, error or None)``; the
+        error is built here and raised by the caller, outside any ``except``
+        block, so it has no ``__context__`` that could carry the URL."""
+        call = _watchdog.arm(time.monotonic() + t)
+        response = answer = err = None
+        _current.call = call
+        try:
+            response = send()
+            answer = self._read(response)
+        except (_Urllib3Error, OSError, http.client.HTTPException, HttpTransportError) as exc:
+            err = exc
+        finally:
+            _current.call = None
+            _watchdog.disarm(call)
+        if err is not None:
+            err = self._transport_error(err, call, t)
+        return response, answer, err
 
     def _read(self, response):
         limit = self.max_answer_bytes
@@ -500,22 +507,15 @@ class JsonHttpClient:
         """Like :meth:`request`, on ``conn``; the whole call within ``timeout``."""
         data, headers = self._body(json, body, headers)
         t = max(self.timeout if timeout is None else timeout, 0.001)
-        call = _watchdog.arm(time.monotonic() + t)
-        err = None
-        _current.call = call
-        try:
+
+        def send():
             conn.timeout = t
             if conn.sock is not None:
                 conn.sock.settimeout(t)
             conn.request(method, self.path + path, body=data, headers=headers,
                          preload_content=False)
-            response = conn.getresponse()
-            answer = self._read(response)
-        except (_Urllib3Error, OSError, http.client.HTTPException, HttpTransportError) as exc:
-            err = exc
-        finally:
-            _current.call = None
-            _watchdog.disarm(call)
+            return conn.getresponse()
+        _, answer, err = self._exchange(t, send)
         if err is not None:
-            raise self._transport_error(err, call, t)
+            raise err
         return answer
