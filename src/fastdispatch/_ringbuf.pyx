@@ -1637,6 +1637,16 @@ cdef class DispatcherCore:
         return len(self._queues)
 
     @property
+    def queue_size(self):
+        """How many tasks one chat may have waiting (the configured capacity)."""
+        return self._queue_size
+
+    @property
+    def max_inflight(self):
+        """Most tasks running at once (the configured cap)."""
+        return self._max_inflight
+
+    @property
     def inflight(self):
         """Tasks running right now."""
         return FD_LOAD(&self._inflight)
