@@ -213,7 +213,7 @@ def test_nothing_is_retained_once_many_chats_have_drained(make_dispatcher):
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
-        d.post("blocker", lambda sc: gate.wait(10))   # the only worker waits:
+        d.post("blocker", lambda sc: gate.wait(120))  # the only worker waits:
         for chat in range(50_000):                     # all 50k chats pile up
             d.post(chat, lambda sc: None)
         assert d.active_chats == 50_001
@@ -222,6 +222,7 @@ def test_nothing_is_retained_once_many_chats_have_drained(make_dispatcher):
         gc.collect()
         after = tracemalloc.take_snapshot()
     finally:
+        gate.set()
         tracemalloc.stop()
     retained = sum(s.size_diff for s in after.compare_to(before, "filename"))
     # The chat map's table alone would keep ~2.5 MB if it stayed at its peak.

@@ -129,7 +129,7 @@ def _stub_class(stub, name):
 def _declared(cls_node):
     names = {}
     for node in cls_node.body:
-        if isinstance(node, ast.FunctionDef):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names[node.name] = node
     return names
 

@@ -27,7 +27,9 @@ limiter's lock is held around the timer's (to wake it).  Nothing takes them
 the other way round, and the timer thread takes each alone.
 """
 
+import functools
 import heapq
+import inspect
 import logging
 import operator
 import sys
@@ -57,8 +59,23 @@ _AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
 _SPAWN = object()
 # What _run returns: the task ended, it panicked, or it will run again.
 _DONE, _PANICKED, _RETRYING, _FORCED = 0, 1, 2, 3
+# What _start_async returns when the task's awaitable now runs on its loop.
+_ASYNC = 4
+# How often the timer looks at event loops that hold work of this
+# dispatcher: a chat handed to a loop that stopped before it took the chat
+# is taken back (its task never starts there); the coroutine tasks of a
+# closed loop are ended (they can never end there).
+_HANDOFF_CHECK = 0.1
+_LOOP_CHECK = 0.5
+# Where a chat's next task runs when it is not an event loop's.
+_WORKERS = object()
+# asyncio, imported by the first asubmit() (a thread-only program never
+# pays for it).
+_asyncio = None
 # What _next_paced returns besides a task: parked, or look again.
 _PARKED, _AGAIN = object(), object()
+# ... or: the chat's next task runs elsewhere (ChatQueue.elsewhere says where).
+_ELSEWHERE = object()
 _INF = float("inf")
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
 # Guards the lazy creation of SendContext events (rare: only for wait()).
@@ -115,7 +132,7 @@ class ChatQueue(RingBuffer):
 
     __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
                  "not_before", "granted", "waited", "window", "reserved",
-                 "stamped", "last_start")
+                 "stamped", "last_start", "elsewhere")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -143,6 +160,9 @@ class ChatQueue(RingBuffer):
         self.reserved = 0
         self.stamped = None      # the chat window its last start went into
         self.last_start = 0.0    # ... and when
+        # Where its next task must run when that is not here (an event
+        # loop, or _WORKERS): set by the owner for itself.
+        self.elsewhere = None
 
 
 class _Window:
@@ -228,7 +248,7 @@ class SendContext:
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
         "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
-        "_error",
+        "_error", "_loop", "_aio", "_queue",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -241,6 +261,11 @@ class SendContext:
         self._queue_len = 0
         self._attempt = 1
         self._error = None  # set when the deadline or force_close() claims it
+        # A coroutine task (asubmit): the event loop it runs on, the asyncio
+        # Task of the awaitable it returned, and its chat while that runs
+        # (None once its end was claimed: see DispatcherCore._claim); all
+        # None for a thread task.
+        self._loop = self._aio = self._queue = None
 
     @property
     def attempt(self):
@@ -314,7 +339,7 @@ class SendContext:
             event.set()
 
 
-def _new_item(chat_id, fn, future, t_queued):
+def _new_item(chat_id, fn, future, t_queued, loop=None):
     item = SendContext.__new__(SendContext)
     item.chat_id = chat_id
     item._deadline = None
@@ -327,7 +352,63 @@ def _new_item(chat_id, fn, future, t_queued):
     item._queue_len = 0
     item._attempt = 1
     item._error = None
+    item._loop = loop
+    item._aio = item._queue = None
     return item
+
+
+def _awaitable_error(item, result):
+    # A thread task that returned a coroutine (or another awaitable) did not
+    # do its work: nothing awaits it on a worker thread.  Close a coroutine
+    # (no "never awaited" warning) and fail the task saying what to use.
+    close = getattr(result, "close", None)
+    if inspect.iscoroutine(result) and close is not None:
+        try:
+            close()
+        except BaseException:
+            pass
+    return TypeError(
+        "the task for chat %s returned %s, which a worker thread cannot await: "
+        "give coroutine tasks to `await dispatcher.asubmit(chat_id, task)`, which "
+        "runs them on the caller's event loop" % (
+            _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
+
+
+def _aio_set(future, result, error):
+    # On the future's own loop: resolve it, unless it is already done (the
+    # caller cancelled its await).
+    if not future.done():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+def _on_loop(loop, fn, *args):
+    """Run ``fn(*args)`` on ``loop``: now when this is its thread, else at
+    its next turn.  False when the loop is closed (nothing can run there)."""
+    if _asyncio._get_running_loop() is loop:
+        fn(*args)
+        return True
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed
+        return False
+    return True
+
+
+def _cancel_aio(item):
+    # On the loop: cancel the awaitable a coroutine task is running, if any.
+    aio = item._aio
+    if aio is not None:
+        aio.cancel()
+
+
+def _head(q):
+    # With q.lock held: the chat's next task, left in place.
+    if q.retry_item is not None:
+        return q.retry_item
+    return q._items[0] if q._items else None
 
 
 class _ChatKey:
@@ -856,6 +937,15 @@ class DispatcherCore:
         self._submitted = self._completed = self._failed = 0
         self._rejected = self._discarded = self._cancelled = self._timed_out = 0
         self._retried = 0             # under _count_lock
+        # Coroutine tasks (asubmit).  Every start takes one of max_inflight
+        # slots (_inflight), held until the task ends: a coroutine task in
+        # flight holds one but no thread.  With thread tasks only, a worker
+        # always finds one (there are at most max_inflight workers); a chat
+        # that finds none waits in _slot_waiters until an end hands it one.
+        self._async_used = False
+        self._slot_waiters = deque()  # under _pool_lock
+        self._handoffs = {}           # ChatQueue -> (loop, when): handed to a loop; _run_lock
+        self._loop_items = {}         # loop -> set of its running coroutine tasks; _run_lock
 
     def _configure(self, max_inflight, queue_size, send_timeout, idle_timeout,
                    hooks, recover, pacing=None, retry=None):
@@ -901,14 +991,14 @@ class DispatcherCore:
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
         self._enqueue(chat_id, task, None)
 
-    def _enqueue(self, chat_id, task, future):
+    def _enqueue(self, chat_id, task, future, loop=None):
         if chat_id is None:
             raise TypeError("chat_id must not be None")
         queues = self._queues
         key = _chat_key(chat_id)
         q = queues.get(key)
         item = _new_item(chat_id, task, future,
-                         monotonic() if self._on_done is not None else 0.0)
+                         monotonic() if self._on_done is not None else 0.0, loop)
         # Count the task as pending *before* looking at ``closed``: then a
         # shutdown() that saw no pending work also made this call see closed.
         with self._count_lock:
@@ -947,12 +1037,38 @@ class DispatcherCore:
             self._reject(chat_id, QueueFull(
                 "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
         if start:
-            self._schedule(q)
+            if loop is None or not self._hand_to_loop(q, loop):
+                self._schedule(q)
         if self._on_queued is not None:
             try:
                 self._on_queued(chat_id, queue_len)
             except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
+
+    async def asubmit(self, chat_id, task):
+        """Queue ``task`` for ``chat_id`` and await its result (SPEC §8).
+
+        Must be called from a running event loop (``RuntimeError``
+        otherwise).  ``task(sc)`` is called on this loop's thread; when it
+        returns an awaitable, that runs on this loop and the chat stays
+        owned until it ends; no thread is held meanwhile.  Returns the
+        task's result or raises what ``submit``'s Future would hold
+        (the task's exception, ``SendTimeout``, ``TaskDiscarded``,
+        ``Cancelled``); ``QueueFull`` and ``DispatcherClosed`` at once.
+        Cancelling the await before the task started skips it; after, the
+        awaitable is cancelled and the chat goes on.
+        """
+        global _asyncio
+        if _asyncio is None:
+            import asyncio as _asyncio_module
+            _asyncio = _asyncio_module
+        loop = _asyncio.get_running_loop()
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        future = loop.create_future()
+        self._async_used = True
+        self._enqueue(chat_id, task, future, loop)
+        return await future
 
     def _reject(self, chat_id, exc):
         with self._count_lock:
@@ -1023,6 +1139,16 @@ class DispatcherCore:
         return len(self._queues)
 
     @property
+    def queue_size(self):
+        """How many tasks one chat may have waiting (the configured capacity)."""
+        return self._queue_size
+
+    @property
+    def max_inflight(self):
+        """Most tasks running at once (the configured cap)."""
+        return self._max_inflight
+
+    @property
     def inflight(self):
         """Tasks running right now."""
         return self._inflight
@@ -1046,6 +1172,10 @@ class DispatcherCore:
 
     def _pending_count(self):
         return self._pending
+
+    def _uses_loops(self):
+        """Whether coroutine tasks (asubmit) were ever queued."""
+        return self._async_used
 
     def _add_drain_waiter(self, n):
         with self._count_lock:
@@ -1104,29 +1234,50 @@ class DispatcherCore:
             wake.acquire()
             searching = True
 
-    def _drain_chat(self, q):
+    def _drain_chat(self, q, here=None):
+        # Run the chat's tasks that belong here (on a worker, ``here`` None:
+        # thread tasks; on an event loop: that loop's coroutine tasks) until
+        # the chat is empty, parked, handed to where its next task runs, or
+        # left to a coroutine task whose end will go on with it.
         while True:
+            if not self._take_slot(q):
+                return  # waits for a slot: a task's end hands it one
             if self._limited or q.not_before or self._limiter.pause_until:
-                item = self._next_paced(q)
-                if item is _PARKED:
-                    return
-                if item is _AGAIN:
-                    continue
+                item = self._next_paced(q, here)
             else:
                 with q.lock:
-                    item = _take_head_locked(q)
+                    item = self._take_head_here_locked(q, here)
                     if item is None:
                         # Invariant 4: the empty queue leaves the map while
                         # its lock is held, so a submitter's re-check cannot
                         # miss it.
                         q.running = False
                         self._remove_locked(q)
-            if item is None:
-                break
-            ran = self._run(item, q)
+            if item is None or item is _PARKED or item is _AGAIN or item is _ELSEWHERE:
+                self._release_slot()
+                if item is None:
+                    break
+                if item is _PARKED:
+                    return
+                if item is _ELSEWHERE:
+                    target, q.elsewhere = q.elsewhere, None
+                    if target is _WORKERS:
+                        self._schedule(q)
+                        return
+                    if self._hand_to_loop(q, target):
+                        return
+                    self._drop_dead_head(q, target)
+                continue
+            if here is None:
+                ran = self._run(item, q)
+            else:
+                ran = self._start_async(item, q, here)
+                if ran == _ASYNC:
+                    return  # its awaitable's end goes on with the chat (slot kept)
+            self._release_slot()
             if ran == _PANICKED:
                 return  # the task panicked; its chat is gone
-            if ran == _DONE and self._ready and q._items:
+            if ran == _DONE and here is None and self._ready and q._items:
                 # Other chats wait for a worker: go to the back of the line
                 # so that a busy chat cannot starve quiet ones.
                 with self._pool_lock:
@@ -1136,12 +1287,244 @@ class DispatcherCore:
             self._limiter.return_grant(q)
         self._maybe_drained()
 
+    def _take_head_here_locked(self, q, here):
+        # With q.lock held: the chat's next task if it runs here, else
+        # _ELSEWHERE (q.elsewhere says where), or None when it has none.
+        if self._async_used:
+            head = _head(q)
+            if head is not None and head._loop is not here:
+                q.elsewhere = head._loop if head._loop is not None else _WORKERS
+                return _ELSEWHERE
+        return _take_head_locked(q)
+
+    def _dispatch(self, q):
+        # An owned chat that no thread or loop is running: give it to
+        # whoever runs its next task (the workers, or that task's loop).
+        if self._async_used:
+            with q.lock:
+                head = _head(q)
+            if head is not None and head._loop is not None and self._hand_to_loop(q, head._loop):
+                return
+        self._schedule(q)
+
+    # ------------------------------------------------------- coroutine tasks
+
+    def _hand_to_loop(self, q, loop):
+        # Give an owned chat whose next task is ``loop``'s to that loop.
+        # False when the loop is closed or not running: that task can never
+        # start there.  A loop that stops before it takes the chat loses it
+        # again to the timer (see _check_loops_locked).
+        if loop.is_closed() or not loop.is_running():
+            return False
+        now = monotonic()
+        with self._run_lock:
+            self._handoffs[q] = (loop, now)
+            self._timer_needed_locked(now + _HANDOFF_CHECK)
+        try:
+            if _asyncio._get_running_loop() is loop:
+                loop.call_soon(self._loop_step, q)
+            else:
+                loop.call_soon_threadsafe(self._loop_step, q)
+        except RuntimeError:  # closed meanwhile
+            with self._run_lock:
+                taken = self._handoffs.pop(q, None) is not None
+            return not taken  # else the timer took it back and handed it on
+        return True
+
+    def _loop_step(self, q):
+        # On the loop a chat was handed to: take it (unless the timer took it
+        # back meanwhile) and run its tasks that are this loop's.
+        with self._run_lock:
+            if self._handoffs.pop(q, None) is None:
+                return
+        self._drain_chat(q, _asyncio._get_running_loop())
+
+    def _drop_dead_head(self, q, loop):
+        # The loop the chat's next task belongs to is closed, or stopped
+        # before it could start it: that task never runs.  It fails with
+        # Cancelled, and the chat goes on.
+        with q.lock:
+            head = _head(q)
+            item = _take_head_locked(q) if head is not None and head._loop is loop else None
+        if item is None:
+            return
+        error = Cancelled("the event loop of this coroutine task is closed or stopped "
+                          "before the task could start")
+        if item._attempt > 1:
+            self._settle_started(item, error, "cancelled")
+        else:
+            self._finish(item, error, "cancelled")
+            self._maybe_drained()
+
+    def _take_slot(self, q):
+        # One of the max_inflight slots for the chat's next start, or False
+        # (the chat then waits in _slot_waiters, which a task's end serves).
+        with self._count_lock:
+            if self._inflight < self._max_inflight:
+                self._inflight += 1
+                return True
+        with self._pool_lock:
+            self._slot_waiters.append(q)
+        # A slot freed between our look and our wait must not be missed.
+        with self._count_lock:
+            free = self._inflight < self._max_inflight
+        if free:
+            self._wake_slot_waiter()
+        return False
+
+    def _release_slot(self):
+        with self._count_lock:
+            self._inflight -= 1
+        if self._slot_waiters:
+            self._wake_slot_waiter()
+
+    def _wake_slot_waiter(self):
+        with self._pool_lock:
+            q = self._slot_waiters.popleft() if self._slot_waiters else None
+        if q is not None:
+            self._dispatch(q)
+
+    def _start_async(self, item, q, loop):
+        # On ``loop``'s thread: start one attempt of a coroutine task.
+        # _ASYNC when the awaitable it returned runs on now (its end goes on
+        # with the chat); else it ended at once, and this returns what
+        # _run does.
+        future = item._future
+        if self._forced or future.cancelled():
+            if q.reserved:
+                self._limiter.release(q)
+            error = (Cancelled("the dispatcher was force-closed") if self._forced
+                     else Cancelled("cancelled before it started"))
+            if item._attempt == 1:
+                self._finish(item, error, "cancelled")
+                self._maybe_drained()
+            else:
+                self._settle_started(item, error, "cancelled")
+            return _DONE
+        if not self._begin(item, q):
+            return _DONE
+        result = panic = None
+        try:
+            result = item._fn(item)
+            error = None
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:
+            error = panic = exc
+        if error is None and inspect.isawaitable(result):
+            try:
+                if inspect.iscoroutine(result):
+                    aio = loop.create_task(result)
+                else:
+                    aio = _asyncio.ensure_future(result, loop=loop)
+            except Exception as exc:
+                error = exc
+            else:
+                item._aio = aio
+                with self._run_lock:
+                    item._queue = q
+                    items = self._loop_items.get(loop)
+                    if items is None:
+                        items = self._loop_items[loop] = set()
+                        self._timer_needed_locked(monotonic() + _LOOP_CHECK)
+                    items.add(item)
+                aio.add_done_callback(functools.partial(self._aio_done, item))
+                if item._attempt == 1:
+                    future.add_done_callback(functools.partial(self._caller_done, item))
+                return _ASYNC
+        return self._end(item, q, result, error, panic)
+
+    def _caller_done(self, item, future):
+        # On the loop: the Future asubmit awaits is done.  If the caller
+        # cancelled its await while the task runs, cancel the task's
+        # awaitable: the chat goes on once it has ended.
+        if future.cancelled():
+            _cancel_aio(item)
+
+    def _claim(self, item):
+        # The end of a running coroutine task is handled once: by its loop
+        # (_aio_done), or by the timer when that loop was closed first.
+        # Returns the task's chat to whoever claims it, else None.
+        with self._run_lock:
+            q = item._queue
+            if q is None:
+                return None
+            item._queue = None
+            items = self._loop_items.get(item._loop)
+            if items is not None:
+                items.discard(item)
+                if not items:
+                    del self._loop_items[item._loop]
+        return q
+
+    def _aio_done(self, item, aio):
+        # On the loop: the awaitable of a coroutine task ended.
+        q = self._claim(item)
+        if q is None:
+            return
+        loop = item._loop
+        item._aio = None
+        result = error = panic = None
+        cancelled = aio.cancelled()
+        if not cancelled:
+            error = aio.exception()
+            if error is None:
+                result = aio.result()
+            elif not isinstance(error, Exception):
+                panic = error
+        ran = self._end(item, q, result, error, panic, cancelled)
+        self._release_slot()
+        if ran != _PANICKED:
+            self._drain_chat(q, loop)
+
+    def _end_on_closed_loop(self, item):
+        # The loop of a running coroutine task is closed: its awaitable will
+        # never end there.  End it here, and go on with its chat.
+        q = self._claim(item)
+        if q is None:
+            return
+        item._aio = None
+        ran = self._end(item, q, None, None, None, True)
+        self._release_slot()
+        if ran != _PANICKED:
+            self._dispatch(q)
+
+    def _cancel_async(self, item):
+        # A coroutine task past its deadline, or force-closed: cancel its
+        # awaitable on its loop (or end it here if that loop is closed).
+        try:
+            item._loop.call_soon_threadsafe(_cancel_aio, item)
+        except RuntimeError:
+            self._end_on_closed_loop(item)
+
+    def _check_loops_locked(self, now, revoked, dead):
+        # With _run_lock held (the timer): chats handed to a loop that has
+        # stopped or closed without taking them go back (to ``revoked``);
+        # coroutine tasks of closed loops go to ``dead``.  Returns when to
+        # look again.
+        until = _INF
+        for q, (loop, at) in list(self._handoffs.items()):
+            if now - at < _HANDOFF_CHECK:
+                until = min(until, at + _HANDOFF_CHECK)
+            elif loop.is_closed() or not loop.is_running():
+                del self._handoffs[q]
+                revoked.append(q)
+            else:
+                until = min(until, now + _HANDOFF_CHECK)  # a busy loop: look again
+        for loop, items in list(self._loop_items.items()):
+            if loop.is_closed():
+                dead.extend(items)
+            else:
+                until = min(until, now + _LOOP_CHECK)
+        return until
+
     # ------------------------------------------------------------------ pacing
 
-    def _next_paced(self, q):
+    def _next_paced(self, q, here=None):
         # The chat's next task if pacing lets it start now; _PARKED if the
         # chat was parked (the timer will hand it back: no worker sleeps
-        # for a limit); _AGAIN to look again; None once the chat is empty
+        # for a limit); _AGAIN to look again; _ELSEWHERE if it runs on
+        # another thread or loop than ``here``; None once the chat is empty
         # and removed.
         limiter = self._limiter
         window = q.window
@@ -1162,6 +1545,11 @@ class DispatcherCore:
                 return None
             if failed:
                 return _AGAIN  # a task arrived meanwhile: judge it again
+            if self._async_used:
+                head = _head(q)
+                if head._loop is not here:
+                    q.elsewhere = head._loop if head._loop is not None else _WORKERS
+                    return _ELSEWHERE
             admitted = limiter.admit(q, window)
             if admitted != _START:
                 return _AGAIN if admitted == _REFETCH else _PARKED
@@ -1203,7 +1591,7 @@ class DispatcherCore:
                     queues.clear()
 
     def _run(self, item, q):
-        """Run one attempt of a task: _DONE, _PANICKED or _RETRYING."""
+        """Run one attempt of a thread task: _DONE, _PANICKED or _RETRYING."""
         future = item._future
         if self._forced:
             # Popped just before force_close() cleared the queue: dropped as
@@ -1222,13 +1610,31 @@ class DispatcherCore:
                 self._limiter.release(q)
             self._finish(item, Cancelled("cancelled before it started"), "cancelled")
             return _DONE
+        if not self._begin(item, q):
+            return _DONE
+        result = panic = None
+        try:
+            result = item._fn(item)
+            error = None
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:
+            error = panic = exc
+        if error is None and result is not None and inspect.isawaitable(result):
+            error = _awaitable_error(item, result)
+        return self._end(item, q, result, error, panic, posted=future is None)
+
+    def _begin(self, item, q):
+        # The start of an attempt, right before its call (on its worker, or
+        # on its loop for a coroutine task): on_start, the start counted
+        # (after on_start, so a slow hook cannot squeeze two calls closer
+        # than a window allows), the deadline, the running registry.  False
+        # when force_close() came first (the task was settled, never runs).
         if self._on_start is not None:
             try:
                 self._on_start(item.chat_id)
             except BaseException as exc:
                 self._hook_failed("on_start", exc)
-        # The start counts from here, right before the call: after on_start,
-        # so a slow hook cannot squeeze two calls closer than a window allows.
         if q.reserved:
             item._t_start = self._limiter.commit(q)
         elif self._send_timeout is not None or self._on_done is not None:
@@ -1239,23 +1645,21 @@ class DispatcherCore:
             # force_close() ran since this task left its queue: it never starts.
             self._settle_started(item, Cancelled("the dispatcher was force-closed"),
                                  "cancelled")
-            return _DONE
-        with self._count_lock:
-            self._inflight += 1
-        panic = None
-        try:
-            result = item._fn(item)
-            error = None
-        except Exception as exc:
-            error = exc
-        except BaseException as exc:
-            error = panic = exc
-        with self._count_lock:
-            self._inflight -= 1
+            return False
+        return True
+
+    def _end(self, item, q, result, error, panic, cancelled=False, posted=False):
+        # The end of an attempt: its outcome (unless the deadline or
+        # force_close() claimed it first), a retry, or a panic of its chat.
+        # ``cancelled``: a coroutine task's awaitable was cancelled;
+        # ``posted``: a task given to post() (no Future).
         # Whoever takes the task out of the running registry owns its
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
-            if panic is not None:
+            if cancelled:
+                self._resolve(item, None, Cancelled("the coroutine task was cancelled"),
+                              "cancelled")
+            elif panic is not None:
                 discarded = TaskDiscarded("the task panicked: %s" % (_safe_repr(panic),))
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, "failed")
@@ -1276,7 +1680,7 @@ class DispatcherCore:
             error = self._expired_error(item)
             if self._on_done is not None:
                 self._report(item, error, monotonic() - item._t_start)
-            elif future is None and item._cancel == _BY_TIMEOUT:
+            elif posted and item._cancel == _BY_TIMEOUT:
                 self._log_unobserved(item, error)
             item._error = None
         if panic is not None:
@@ -1367,7 +1771,9 @@ class DispatcherCore:
         future = item._future
         item._future = None
         self._count(outcome)
-        if future is not None:
+        if item._loop is not None:
+            _on_loop(item._loop, _aio_set, future, result, error)
+        elif future is not None:
             _finish_future(future, result, error)
         elif error is not None and outcome == "failed" and self._on_done is None:
             self._log_unobserved(item, error)
@@ -1383,7 +1789,15 @@ class DispatcherCore:
 
     def _finish(self, item, error, outcome):
         # Settle a task that never started (cancelled, discarded, dropped).
-        if not _settle(item._future, error):
+        if item._loop is not None:
+            # asubmit's Future: its caller may have cancelled it; else it
+            # gets the error on its loop (a Cancelled too: an exception, not
+            # a cancellation of the caller's own await).
+            if item._future.cancelled():
+                outcome = "cancelled"
+            else:
+                _on_loop(item._loop, _aio_set, item._future, None, error)
+        elif not _settle(item._future, error):
             outcome = "cancelled"
         self._count(outcome)
         if self._on_done is not None:
@@ -1516,6 +1930,8 @@ class DispatcherCore:
         while True:
             expired = []
             ready = []
+            revoked = []
+            dead = []
             with self._run_lock:
                 if self._timer_stop:
                     return
@@ -1531,13 +1947,19 @@ class DispatcherCore:
                     for item in expired:
                         del running[item]
                         item._error = SendTimeout()  # see _expired_error
+                if self._handoffs or self._loop_items:
+                    until = min(until, self._check_loops_locked(now, revoked, dead))
             if not expired:
                 until = min(until, limiter.tick(now, ready))
             for item in expired:
                 self._expire(item, _BY_TIMEOUT)
             for q in ready:
-                self._schedule(q)
-            if expired or ready:
+                self._dispatch(q)
+            for q in revoked:
+                self._schedule(q)  # a worker drops the task its loop never started
+            for item in dead:
+                self._end_on_closed_loop(item)
+            if expired or ready or revoked or dead:
                 continue
             with self._run_lock:
                 if self._timer_stop:
@@ -1585,7 +2007,12 @@ class DispatcherCore:
         future = item._future
         item._future = None
         self._count(outcome)
-        if future is not None:
+        if item._loop is not None:
+            # A coroutine task: its caller hears it on its loop, and its
+            # awaitable is cancelled there (its end goes on with the chat).
+            _on_loop(item._loop, _aio_set, future, None, error)
+            self._cancel_async(item)
+        elif future is not None:
             _finish_future(future, None, error)
         # on_done is called by the task's worker once the task returns (see
         # _run): a slow hook here would hold every other deadline, or
@@ -1615,6 +2042,12 @@ class DispatcherCore:
             self._running.clear()
             for item in running:
                 item._error = Cancelled("the dispatcher was force-closed")
+            # Chats handed to a loop that has not taken them yet: the
+            # workers find them (emptied below) and let them go.
+            handed = list(self._handoffs)
+            self._handoffs.clear()
+            dead = [item for loop, items in self._loop_items.items()
+                    if loop.is_closed() for item in items]
         parked = self._limiter.cancel_all()
         for item in running:
             self._expire(item, _BY_FORCE)
@@ -1635,6 +2068,13 @@ class DispatcherCore:
             q.not_before = 0.0
             q.granted = False
             self._schedule(q)
+        with self._pool_lock:
+            waiting_for_slots = list(self._slot_waiters)
+            self._slot_waiters.clear()
+        for q in handed + waiting_for_slots:
+            self._schedule(q)
+        for item in dead:
+            self._end_on_closed_loop(item)
         self._maybe_drained()
 
     def _stop_workers(self):

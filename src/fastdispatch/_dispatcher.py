@@ -220,6 +220,13 @@ class _Lifecycle:
         if threading.current_thread() in self._workers:
             raise RuntimeError("%s() called from inside a task of the same "
                                "dispatcher would wait for itself" % what)
+        if self._uses_loops():
+            asyncio = sys.modules.get("asyncio")
+            if asyncio is not None and asyncio._get_running_loop() is not None:
+                raise RuntimeError(
+                    "%s() called on a running event loop would block the loop that "
+                    "coroutine tasks run on; call it from another thread, e.g. "
+                    "await loop.run_in_executor(None, dispatcher.%s)" % (what, what))
 
     def __enter__(self):
         return self

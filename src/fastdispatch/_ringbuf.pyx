@@ -24,6 +24,8 @@ release.
 cimport cython
 from cpython.object cimport PyObject
 
+import functools
+import inspect
 import logging
 import sys
 import threading
@@ -59,6 +61,20 @@ cdef extern from *:
     long long FD_LOAD(long long *p) nogil
     void FD_STORE(long long *p, long long v) nogil
 
+cdef extern from *:
+    """
+    /* 1: an awaitable (its type has __await__), 0: not, -1: a generator,
+       which only inspect.isawaitable can judge (a @types.coroutine one). */
+    static int fd_awaitable_kind(PyObject *o) {
+        PyTypeObject *t = Py_TYPE(o);
+        if (t->tp_as_async != NULL && t->tp_as_async->am_await != NULL) return 1;
+        if (PyGen_CheckExact(o)) return -1;
+        return 0;
+    }
+    """
+    int fd_awaitable_kind(object o)
+    bint PyCoro_CheckExact(object o)
+
 logger = logging.getLogger("fastdispatch")
 
 cdef object _allocate_lock = threading.Lock
@@ -89,11 +105,27 @@ cdef enum:
     _RETRYING = 2
     _FORCED = 3
     _REFUSED = 4
+    # What _start_async returns when the task's awaitable now runs on its loop.
+    _ASYNC = 5
 
 cdef double _INF = float("inf")
-# What _next_paced returns besides a task: parked, or look again.
+# What _next_paced returns besides a task: parked, or look again, or the
+# chat's next task runs elsewhere (ChatQueue._elsewhere says where).
 cdef object _PARKED_CHAT = object()
 cdef object _AGAIN = object()
+cdef object _ELSEWHERE = object()
+# Where a chat's next task runs when it is not an event loop's.
+cdef object _WORKERS = object()
+# How often the timer looks at event loops that hold work of this
+# dispatcher: a chat handed to a loop that stopped before it took the chat
+# is taken back (its task never starts there); the coroutine tasks of a
+# closed loop are ended (they can never end there).
+cdef double _HANDOFF_CHECK = 0.1
+cdef double _LOOP_CHECK = 0.5
+# asyncio, imported by the first asubmit() (a thread-only program never
+# pays for it), and its _get_running_loop.
+cdef object _asyncio = None
+cdef object _running_loop = None
 
 # What _call_searcher_locked returns when a new worker thread must start.
 cdef object _SPAWN = object()
@@ -393,6 +425,9 @@ cdef class ChatQueue(RingBuffer):
     cdef int _reserved
     cdef _Window _stamped       # the chat window its last start went into
     cdef double _last_start     # ... and when
+    # Where its next task must run when that is not here (an event loop, or
+    # _WORKERS): set by the owner for itself.
+    cdef object _elsewhere
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -523,6 +558,13 @@ cdef class SendContext:
     cdef SendContext _prev
     cdef SendContext _next
     cdef bint _registered
+    # A coroutine task (asubmit): the event loop it runs on, the asyncio Task
+    # of the awaitable it returned, and its chat while that runs (None once
+    # its end was claimed: see DispatcherCore._claim; _run_lock); all None
+    # for a thread task.
+    cdef object _loop
+    cdef object _aio
+    cdef ChatQueue _queue
 
     def __init__(self, chat_id, deadline=None):
         self.chat_id = chat_id
@@ -674,13 +716,15 @@ cdef object _wrap_chat_id(object chat_id):
     return key
 
 
-cdef inline SendContext _new_item(object chat_id, object fn, object future, double t_queued):
+cdef inline SendContext _new_item(object chat_id, object fn, object future, double t_queued,
+                                  object loop):
     cdef SendContext item = SendContext.__new__(SendContext)
     item.chat_id = chat_id
     item._fn = fn
     item._future = future
     item._t_queued = t_queued
     item._attempt = 1
+    item._loop = loop
     return item
 
 
@@ -727,6 +771,68 @@ cdef int _notify_cancelled(object future) except -1:
     if future._state is _CANCELLED:
         future.set_running_or_notify_cancel()
     return 0
+
+
+cdef inline bint _is_awaitable(object o) except -1:
+    cdef int kind = fd_awaitable_kind(o)
+    if kind < 0:
+        return inspect.isawaitable(o)
+    return kind
+
+
+cdef object _awaitable_error(SendContext item, object result):
+    # A thread task that returned a coroutine (or another awaitable) did not
+    # do its work: nothing awaits it on a worker thread.  Close a coroutine
+    # (no "never awaited" warning) and fail the task saying what to use.
+    if inspect.iscoroutine(result):
+        try:
+            result.close()
+        except BaseException:
+            pass
+    return TypeError(
+        "the task for chat %s returned %s, which a worker thread cannot await: "
+        "give coroutine tasks to `await dispatcher.asubmit(chat_id, task)`, which "
+        "runs them on the caller's event loop" % (
+            _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
+
+
+def _aio_set(future, result, error):
+    # On the future's own loop: resolve it, unless it is already done (the
+    # caller cancelled its await).
+    if not future.done():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+cdef bint _on_loop(object loop, object fn, object a, object b, object c) except -1:
+    """Run ``fn(a, b, c)`` on ``loop``: now when this is its thread, else at
+    its next turn.  False when the loop is closed (nothing can run there)."""
+    if _running_loop() is loop:
+        fn(a, b, c)
+        return True
+    try:
+        loop.call_soon_threadsafe(fn, a, b, c)
+    except RuntimeError:  # the loop is closed
+        return False
+    return True
+
+
+def _cancel_aio(SendContext item):
+    # On the loop: cancel the awaitable a coroutine task is running, if any.
+    aio = item._aio
+    if aio is not None:
+        aio.cancel()
+
+
+cdef inline SendContext _peek_head(ChatQueue q):
+    # With q._lock held: the chat's next task, left in place.
+    if q._retry_item is not None:
+        return q._retry_item
+    if q._count:
+        return <SendContext>q._slots[q._head]
+    return None
 
 
 @cython.final
@@ -1267,10 +1373,20 @@ cdef class DispatcherCore:
     # the limiter outside _run_lock): seen when it decides to sleep.
     cdef double _timer_next
     cdef long long _forced            # atomic; force_close() began: nothing starts
+    # Coroutine tasks (asubmit).  Every start takes one of max_inflight
+    # slots (_inflight), held until the task ends: a coroutine task in
+    # flight holds one but no thread.  With thread tasks only, a worker always
+    # finds one (there are at most max_inflight workers); a chat that finds
+    # none waits in _slot_waiters (_pool_lock) until an end hands it one.
+    cdef bint _async_used
+    cdef object _slot_waiters         # deque of ChatQueue; _pool_lock
+    cdef long long _slot_waiting      # atomic: its length, peeked unlocked
+    cdef dict _handoffs               # ChatQueue -> (loop, when): handed to a loop; _run_lock
+    cdef dict _loop_items             # loop -> set of its running coroutine tasks; _run_lock
     # counters (atomic)
     cdef long long _pending
     cdef long long _drain_waiters
-    cdef long long _inflight
+    cdef long long _inflight          # slots taken (see above): tasks in flight
     cdef long long _submitted
     cdef long long _rejected
     cdef long long _retried
@@ -1288,6 +1404,9 @@ cdef class DispatcherCore:
         self._limiter = _Limiter()
         self._limiter._configure(self, None)
         self._retry_on = ()
+        self._slot_waiters = deque()
+        self._handoffs = {}
+        self._loop_items = {}
 
     def _configure(self, Py_ssize_t max_inflight, Py_ssize_t queue_size, send_timeout,
                    double idle_timeout, hooks, recover, pacing=None, retry=None):
@@ -1332,16 +1451,43 @@ cdef class DispatcherCore:
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
         future = _new_future()
-        self._enqueue(chat_id, task, future)
+        self._enqueue(chat_id, task, future, None)
         return future
 
     def post(self, chat_id, task):
         """Like ``submit`` without a Future: the outcome reaches hooks only."""
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
-        self._enqueue(chat_id, task, None)
+        self._enqueue(chat_id, task, None, None)
 
-    cdef int _enqueue(self, object chat_id, object task, object future) except -1:
+    async def asubmit(self, chat_id, task):
+        """Queue ``task`` for ``chat_id`` and await its result (SPEC §8).
+
+        Must be called from a running event loop (``RuntimeError``
+        otherwise).  ``task(sc)`` is called on this loop's thread; when it
+        returns an awaitable, that runs on this loop and the chat stays
+        owned until it ends; no thread is held meanwhile.  Returns the
+        task's result or raises what ``submit``'s Future would hold
+        (the task's exception, ``SendTimeout``, ``TaskDiscarded``,
+        ``Cancelled``); ``QueueFull`` and ``DispatcherClosed`` at once.
+        Cancelling the await before the task started skips it; after, the
+        awaitable is cancelled and the chat goes on.
+        """
+        global _asyncio, _running_loop
+        if _asyncio is None:
+            import asyncio as _asyncio_module
+            _running_loop = _asyncio_module._get_running_loop
+            _asyncio = _asyncio_module
+        loop = _asyncio.get_running_loop()
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        future = loop.create_future()
+        self._async_used = True
+        self._enqueue(chat_id, task, future, loop)
+        return await future
+
+    cdef int _enqueue(self, object chat_id, object task, object future,
+                      object loop) except -1:
         cdef ChatQueue q
         cdef ChatQueue fresh
         cdef SendContext item
@@ -1353,7 +1499,7 @@ cdef class DispatcherCore:
         key = _chat_key(chat_id)
         q = queues.get(key)
         item = _new_item(chat_id, task, future,
-                         monotonic() if self._on_done is not None else 0.0)
+                         monotonic() if self._on_done is not None else 0.0, loop)
         # Count the task as pending *before* looking at ``closed``: then a
         # shutdown() that saw no pending work also made this call see closed.
         FD_ADD(&self._submitted, 1)
@@ -1391,7 +1537,8 @@ cdef class DispatcherCore:
             self._reject(chat_id, QueueFull(
                 "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
         if start:
-            self._schedule(q)
+            if loop is None or not self._hand_to_loop(q, loop):
+                self._schedule(q)
         if self._on_queued is not None:
             try:
                 self._on_queued(chat_id, queue_len)
@@ -1490,6 +1637,16 @@ cdef class DispatcherCore:
         return len(self._queues)
 
     @property
+    def queue_size(self):
+        """How many tasks one chat may have waiting (the configured capacity)."""
+        return self._queue_size
+
+    @property
+    def max_inflight(self):
+        """Most tasks running at once (the configured cap)."""
+        return self._max_inflight
+
+    @property
     def inflight(self):
         """Tasks running right now."""
         return FD_LOAD(&self._inflight)
@@ -1517,6 +1674,10 @@ cdef class DispatcherCore:
     def _pending_count(self):
         return FD_LOAD(&self._pending)
 
+    def _uses_loops(self):
+        """Whether coroutine tasks (asubmit) were ever queued."""
+        return self._async_used
+
     def _add_drain_waiter(self, long long n):
         FD_ADD(&self._drain_waiters, n)
 
@@ -1538,7 +1699,7 @@ cdef class DispatcherCore:
             q = self._next_chat(wake, searching)
             if q is None:
                 return
-            self._drain_chat(q)
+            self._drain_chat(q, None)
             searching = False
 
     cdef ChatQueue _next_chat(self, object wake, bint searching):
@@ -1581,33 +1742,56 @@ cdef class DispatcherCore:
             wake.acquire()
             searching = True
 
-    cdef int _drain_chat(self, ChatQueue q) except -1:
+    cdef int _drain_chat(self, ChatQueue q, object here) except -1:
+        # Run the chat's tasks that belong here (on a worker, ``here`` None:
+        # thread tasks; on an event loop: that loop's coroutine tasks) until
+        # the chat is empty, parked, handed to where its next task runs, or
+        # left to a coroutine task whose end will go on with it.
         cdef SendContext item
         cdef bint rotate
         cdef int ran
         while True:
-            if self._limited or q._not_before != 0.0 or self._limiter._pause_until != 0.0:
-                found = self._next_paced(q)
-                if found is _PARKED_CHAT:
-                    return 0
-                if found is _AGAIN:
-                    continue
-                item = <SendContext>found
+            if not self._take_slot(q):
+                return 0  # waits for a slot: a task's end hands it one
+            if (self._limited or q._not_before != 0.0
+                    or self._limiter._pause_until != 0.0):
+                found = self._next_paced(q, here)
             else:
                 with q._lock:
-                    item = _take_head_locked(q)
-                    if item is None:
+                    found = self._take_head_here_locked(q, here)
+                    if found is None:
                         # Invariant 4: the empty queue leaves the map while
                         # its lock is held, so a submitter's re-check cannot
                         # miss it.
                         q._running = False
                         self._remove_locked(q)
-            if item is None:
-                break
-            ran = self._run(item, q)
+            if found is None or found is _PARKED_CHAT or found is _AGAIN or found is _ELSEWHERE:
+                self._release_slot()
+                if found is None:
+                    break
+                if found is _PARKED_CHAT:
+                    return 0
+                if found is _ELSEWHERE:
+                    target = q._elsewhere
+                    q._elsewhere = None
+                    if target is _WORKERS:
+                        self._schedule(q)
+                        return 0
+                    if self._hand_to_loop(q, target):
+                        return 0
+                    self._drop_dead_head(q, target)
+                continue
+            item = <SendContext>found
+            if here is None:
+                ran = self._run(item, q)
+            else:
+                ran = self._start_async(item, q, here)
+                if ran == _ASYNC:
+                    return 0  # its awaitable's end goes on with the chat (slot kept)
+            self._release_slot()
             if ran == _PANICKED:
                 return 0  # the task panicked; its chat is gone
-            if ran == _DONE and FD_LOAD(&self._ready_len):
+            if ran == _DONE and here is None and FD_LOAD(&self._ready_len):
                 # Other chats wait for a worker: go to the back of the line
                 # so that a busy chat cannot starve quiet ones.
                 with q._lock:
@@ -1621,17 +1805,270 @@ cdef class DispatcherCore:
         self._maybe_drained()
         return 0
 
+    cdef object _take_head_here_locked(self, ChatQueue q, object here):
+        # With q._lock held: the chat's next task if it runs here, else
+        # _ELSEWHERE (q._elsewhere says where), or None when it has none.
+        cdef SendContext head
+        if self._async_used:
+            head = _peek_head(q)
+            if head is not None and head._loop is not here:
+                q._elsewhere = head._loop if head._loop is not None else _WORKERS
+                return _ELSEWHERE
+        return _take_head_locked(q)
+
+    cdef int _dispatch(self, ChatQueue q) except -1:
+        # An owned chat that no thread or loop is running: give it to
+        # whoever runs its next task (the workers, or that task's loop).
+        cdef SendContext head = None
+        if self._async_used:
+            with q._lock:
+                head = _peek_head(q)
+            if head is not None and head._loop is not None and self._hand_to_loop(q, head._loop):
+                return 0
+        self._schedule(q)
+        return 0
+
+    # ------------------------------------------------------- coroutine tasks
+
+    cdef bint _hand_to_loop(self, ChatQueue q, object loop) except -1:
+        # Give an owned chat whose next task is ``loop``'s to that loop.
+        # False when the loop is closed or not running: that task can never
+        # start there.  A loop that stops before it takes the chat loses it
+        # again to the timer (see _check_loops_locked).
+        cdef double now
+        cdef bint taken
+        if loop.is_closed() or not loop.is_running():
+            return False
+        now = monotonic()
+        with self._run_lock:
+            self._handoffs[q] = (loop, now)
+            self._timer_needed_locked(now + _HANDOFF_CHECK)
+        try:
+            if _running_loop() is loop:
+                loop.call_soon(self._loop_step, q)
+            else:
+                loop.call_soon_threadsafe(self._loop_step, q)
+        except RuntimeError:  # closed meanwhile
+            with self._run_lock:
+                taken = self._handoffs.pop(q, None) is not None
+            return not taken  # else the timer took it back and handed it on
+        return True
+
+    def _loop_step(self, ChatQueue q):
+        # On the loop a chat was handed to: take it (unless the timer took it
+        # back meanwhile) and run its tasks that are this loop's.
+        cdef bint mine
+        with self._run_lock:
+            mine = self._handoffs.pop(q, None) is not None
+        if mine:
+            self._drain_chat(q, _running_loop())
+
+    cdef int _drop_dead_head(self, ChatQueue q, object loop) except -1:
+        # The loop the chat's next task belongs to is closed, or stopped
+        # before it could start it: that task never runs.  It fails with
+        # Cancelled, and the chat goes on.
+        cdef SendContext head
+        cdef SendContext item = None
+        with q._lock:
+            head = _peek_head(q)
+            if head is not None and head._loop is loop:
+                item = _take_head_locked(q)
+        if item is None:
+            return 0
+        error = Cancelled("the event loop of this coroutine task is closed or stopped "
+                          "before the task could start")
+        if item._attempt > 1:
+            self._settle_started(item, error, C_CANCELLED)
+        else:
+            self._finish(item, error, C_CANCELLED)
+            self._maybe_drained()
+        return 0
+
+    cdef bint _take_slot(self, ChatQueue q) except -1:
+        # One of the max_inflight slots for the chat's next start, or False
+        # (the chat then waits in _slot_waiters, which a task's end serves).
+        if FD_ADD(&self._inflight, 1) < self._max_inflight:
+            return True
+        FD_ADD(&self._inflight, -1)
+        with self._pool_lock:
+            self._slot_waiters.append(q)
+            FD_ADD(&self._slot_waiting, 1)
+        # A slot freed between our look and our wait must not be missed.
+        if FD_LOAD(&self._inflight) < self._max_inflight:
+            self._wake_slot_waiter()
+        return False
+
+    cdef inline int _release_slot(self) except -1:
+        FD_ADD(&self._inflight, -1)
+        if FD_LOAD(&self._slot_waiting):
+            self._wake_slot_waiter()
+        return 0
+
+    cdef int _wake_slot_waiter(self) except -1:
+        cdef ChatQueue q = None
+        with self._pool_lock:
+            if self._slot_waiters:
+                q = self._slot_waiters.popleft()
+                FD_ADD(&self._slot_waiting, -1)
+        if q is not None:
+            self._dispatch(q)
+        return 0
+
+    cdef int _start_async(self, SendContext item, ChatQueue q, object loop) except -1:
+        # On ``loop``'s thread: start one attempt of a coroutine task.
+        # _ASYNC when the awaitable it returned runs on now (its end goes on
+        # with the chat); else it ended at once, and this returns what
+        # _run does.
+        cdef object future = item._future
+        cdef object result = None
+        cdef object error = None
+        cdef object panic = None
+        cdef bint forced = FD_LOAD(&self._forced) != 0
+        if forced or future.cancelled():
+            if q._reserved:
+                self._limiter.release(q)
+            error = (Cancelled("the dispatcher was force-closed") if forced
+                     else Cancelled("cancelled before it started"))
+            if item._attempt == 1:
+                self._finish(item, error, C_CANCELLED)
+                self._maybe_drained()
+            else:
+                self._settle_started(item, error, C_CANCELLED)
+            return _DONE
+        if not self._begin(item, q):
+            return _DONE
+        try:
+            result = item._fn(item)
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:
+            error = panic = exc
+        if error is None and _is_awaitable(result):
+            try:
+                if PyCoro_CheckExact(result):
+                    aio = loop.create_task(result)
+                else:
+                    aio = _asyncio.ensure_future(result, loop=loop)
+            except Exception as exc:
+                error = exc
+            else:
+                item._aio = aio
+                with self._run_lock:
+                    item._queue = q
+                    items = self._loop_items.get(loop)
+                    if items is None:
+                        items = self._loop_items[loop] = set()
+                        self._timer_needed_locked(<double>monotonic() + _LOOP_CHECK)
+                    items.add(item)
+                aio.add_done_callback(functools.partial(self._aio_done, item))
+                if item._attempt == 1:
+                    future.add_done_callback(functools.partial(self._caller_done, item))
+                return _ASYNC
+        return self._end(item, q, result, error, panic, False, False)
+
+    def _caller_done(self, SendContext item, future):
+        # On the loop: the Future asubmit awaits is done.  If the caller
+        # cancelled its await while the task runs, cancel the task's
+        # awaitable: the chat goes on once it has ended.
+        if future.cancelled():
+            _cancel_aio(item)
+
+    cdef ChatQueue _claim(self, SendContext item):
+        # The end of a running coroutine task is handled once: by its loop
+        # (_aio_done), or by the timer when that loop was closed first.
+        # Returns the task's chat to whoever claims it, else None.
+        cdef ChatQueue q
+        with self._run_lock:
+            q = item._queue
+            if q is not None:
+                item._queue = None
+                items = self._loop_items.get(item._loop)
+                if items is not None:
+                    items.discard(item)
+                    if not items:
+                        del self._loop_items[item._loop]
+        return q
+
+    def _aio_done(self, SendContext item, aio):
+        # On the loop: the awaitable of a coroutine task ended.
+        cdef int ran
+        cdef ChatQueue q = self._claim(item)
+        if q is None:
+            return
+        loop = item._loop
+        item._aio = None
+        result = error = panic = None
+        cancelled = aio.cancelled()
+        if not cancelled:
+            error = aio.exception()
+            if error is None:
+                result = aio.result()
+            elif not isinstance(error, Exception):
+                panic = error
+        ran = self._end(item, q, result, error, panic, cancelled, False)
+        self._release_slot()
+        if ran != _PANICKED:
+            self._drain_chat(q, loop)
+
+    cdef int _end_on_closed_loop(self, SendContext item) except -1:
+        # The loop of a running coroutine task is closed: its awaitable will
+        # never end there.  End it here, and go on with its chat.
+        cdef int ran
+        cdef ChatQueue q = self._claim(item)
+        if q is None:
+            return 0
+        item._aio = None
+        ran = self._end(item, q, None, None, None, True, False)
+        self._release_slot()
+        if ran != _PANICKED:
+            self._dispatch(q)
+        return 0
+
+    cdef int _cancel_async(self, SendContext item) except -1:
+        # A coroutine task past its deadline, or force-closed: cancel its
+        # awaitable on its loop (or end it here if that loop is closed).
+        try:
+            item._loop.call_soon_threadsafe(_cancel_aio, item)
+        except RuntimeError:
+            self._end_on_closed_loop(item)
+        return 0
+
+    cdef double _check_loops_locked(self, double now, list revoked, list dead) except? -1.0:
+        # With _run_lock held (the timer): chats handed to a loop that has
+        # stopped or closed without taking them go back (to ``revoked``);
+        # coroutine tasks of closed loops go to ``dead``.  Returns when to
+        # look again.
+        cdef double until = _INF
+        cdef double at
+        for q, entry in list(self._handoffs.items()):
+            loop, at = entry
+            if now - at < _HANDOFF_CHECK:
+                until = min(until, at + _HANDOFF_CHECK)
+            elif loop.is_closed() or not loop.is_running():
+                del self._handoffs[q]
+                revoked.append(q)
+            else:
+                until = min(until, now + _HANDOFF_CHECK)  # a busy loop: look again
+        for loop, items in list(self._loop_items.items()):
+            if loop.is_closed():
+                dead.extend(items)
+            else:
+                until = min(until, now + _LOOP_CHECK)
+        return until
+
     # ------------------------------------------------------------------ pacing
 
-    cdef object _next_paced(self, ChatQueue q):
+    cdef object _next_paced(self, ChatQueue q, object here):
         # The chat's next task if pacing lets it start now; _PARKED_CHAT if
         # the chat was parked (the timer will hand it back: no worker
-        # sleeps for a limit); _AGAIN to look again; None once the chat is
+        # sleeps for a limit); _AGAIN to look again; _ELSEWHERE if it runs
+        # on another thread or loop than ``here``; None once the chat is
         # empty and removed.
         cdef _Limiter limiter = self._limiter
         cdef _Window window = q._window
         cdef bint failed = False
         cdef int admitted
+        cdef SendContext head
         if limiter._chat_limits and (window is None or window.dead):
             try:
                 window = q._window = limiter.window_for(q)
@@ -1649,6 +2086,11 @@ cdef class DispatcherCore:
                 return None
             if failed:
                 return _AGAIN  # a task arrived meanwhile: judge it again
+            if self._async_used:
+                head = _peek_head(q)
+                if head._loop is not here:
+                    q._elsewhere = head._loop if head._loop is not None else _WORKERS
+                    return _ELSEWHERE
             admitted = limiter.admit(q, window)
             if admitted != _START:
                 return _AGAIN if admitted == _REFETCH else _PARKED_CHAT
@@ -1692,12 +2134,11 @@ cdef class DispatcherCore:
         return 0
 
     cdef int _run(self, SendContext item, ChatQueue q) except -1:
-        """Run one attempt of a task: _DONE, _PANICKED or _RETRYING."""
+        """Run one attempt of a thread task: _DONE, _PANICKED or _RETRYING."""
         cdef object future = item._future
         cdef object result = None
         cdef object error = None
         cdef object panic = None
-        cdef int verdict
         if FD_LOAD(&self._forced):
             # Popped just before force_close() cleared the queue: dropped as
             # a waiting task is (its Future cancelled).  _register re-checks.
@@ -1715,13 +2156,29 @@ cdef class DispatcherCore:
                 self._limiter.release(q)
             self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
             return _DONE
+        if not self._begin(item, q):
+            return _DONE
+        try:
+            result = item._fn(item)
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:
+            error = panic = exc
+        if error is None and result is not None and _is_awaitable(result):
+            error = _awaitable_error(item, result)
+        return self._end(item, q, result, error, panic, False, future is None)
+
+    cdef bint _begin(self, SendContext item, ChatQueue q) except -1:
+        # The start of an attempt, right before its call (on its worker, or
+        # on its loop for a coroutine task): on_start, the start counted
+        # (after on_start, so a slow hook cannot squeeze two calls closer
+        # than a window allows), the deadline, the running registry.  False
+        # when force_close() came first (the task was settled, never runs).
         if self._on_start is not None:
             try:
                 self._on_start(item.chat_id)
             except BaseException as exc:
                 self._hook_failed("on_start", exc)
-        # The start counts from here, right before the call: after on_start,
-        # so a slow hook cannot squeeze two calls closer than a window allows.
         if q._reserved:
             item._t_start = self._limiter.commit(q)
         elif self._has_timeout or self._on_done is not None:
@@ -1733,19 +2190,23 @@ cdef class DispatcherCore:
             # force_close() ran since this task left its queue: it never starts.
             self._settle_started(item, Cancelled("the dispatcher was force-closed"),
                                  C_CANCELLED)
-            return _DONE
-        FD_ADD(&self._inflight, 1)
-        try:
-            result = item._fn(item)
-        except Exception as exc:
-            error = exc
-        except BaseException as exc:
-            error = panic = exc
-        FD_ADD(&self._inflight, -1)
+            return False
+        return True
+
+    cdef int _end(self, SendContext item, ChatQueue q, object result, object error,
+                  object panic, bint cancelled, bint posted) except -1:
+        # The end of an attempt: its outcome (unless the deadline or
+        # force_close() claimed it first), a retry, or a panic of its chat.
+        # ``cancelled``: a coroutine task's awaitable was cancelled;
+        # ``posted``: a task given to post() (no Future).
+        cdef int verdict
         # Whoever takes the task out of the running registry owns its
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
-            if panic is not None:
+            if cancelled:
+                self._resolve(item, None, Cancelled("the coroutine task was cancelled"),
+                              C_CANCELLED)
+            elif panic is not None:
                 discarded = TaskDiscarded("the task panicked: %s" % (_safe_repr(panic),))
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, C_FAILED)
@@ -1772,7 +2233,7 @@ cdef class DispatcherCore:
             error = self._expired_error(item)
             if self._on_done is not None:
                 self._report(item, error, <double>monotonic() - item._t_start)
-            elif future is None and FD_LOAD(&item._cancel) == _BY_TIMEOUT:
+            elif posted and FD_LOAD(&item._cancel) == _BY_TIMEOUT:
                 self._log_unobserved(item, error)
             item._error = None
         if panic is not None:
@@ -1868,7 +2329,9 @@ cdef class DispatcherCore:
         cdef object future = item._future
         item._future = None
         FD_ADD(&self._counts[outcome], 1)
-        if future is not None:
+        if item._loop is not None:
+            _on_loop(item._loop, _aio_set, future, result, error)
+        elif future is not None:
             _future_finish(future, result, error)
         elif error is not None and outcome == C_FAILED and self._on_done is None:
             self._log_unobserved(item, error)
@@ -1886,7 +2349,15 @@ cdef class DispatcherCore:
 
     cdef int _finish(self, SendContext item, object error, int outcome) except -1:
         # Settle a task that never started (cancelled, discarded, dropped).
-        if not _settle(item._future, error):
+        if item._loop is not None:
+            # asubmit's Future: its caller may have cancelled it; else it
+            # gets the error on its loop (a Cancelled too: an exception, not
+            # a cancellation of the caller's own await).
+            if item._future.cancelled():
+                outcome = C_CANCELLED
+            else:
+                _on_loop(item._loop, _aio_set, item._future, None, error)
+        elif not _settle(item._future, error):
             outcome = C_CANCELLED
         FD_ADD(&self._counts[outcome], 1)
         if self._on_done is not None:
@@ -2040,6 +2511,8 @@ cdef class DispatcherCore:
         """
         cdef list expired
         cdef list ready
+        cdef list revoked
+        cdef list dead
         cdef SendContext item
         cdef double now, until, delay
         cdef bint stop, retry, due
@@ -2047,6 +2520,8 @@ cdef class DispatcherCore:
         while True:
             expired = []
             ready = []
+            revoked = []
+            dead = []
             with self._run_lock:
                 stop = self._timer_stop
                 if not stop:
@@ -2062,6 +2537,8 @@ cdef class DispatcherCore:
                             self._unlink_locked(item)
                             item._error = SendTimeout()  # see _expired_error
                             expired.append(item)
+                    if self._handoffs or self._loop_items:
+                        until = min(until, self._check_loops_locked(now, revoked, dead))
             if stop:
                 return
             if not expired:
@@ -2069,8 +2546,12 @@ cdef class DispatcherCore:
             for item in expired:
                 self._expire(item, _BY_TIMEOUT)
             for q in ready:
-                self._schedule(<ChatQueue>q)
-            if expired or ready:
+                self._dispatch(<ChatQueue>q)
+            for q in revoked:
+                self._schedule(<ChatQueue>q)  # a worker drops the task its loop never started
+            for item in dead:
+                self._end_on_closed_loop(item)
+            if expired or ready or revoked or dead:
                 continue
             with self._run_lock:
                 stop = self._timer_stop
@@ -2131,7 +2612,12 @@ cdef class DispatcherCore:
         future = item._future
         item._future = None
         FD_ADD(&self._counts[outcome], 1)
-        if future is not None:
+        if item._loop is not None:
+            # A coroutine task: its caller hears it on its loop, and its
+            # awaitable is cancelled there (its end goes on with the chat).
+            _on_loop(item._loop, _aio_set, future, None, error)
+            self._cancel_async(item)
+        elif future is not None:
             _future_finish(future, None, error)
         # on_done is called by the task's worker once the task returns (see
         # _run): a slow hook here would hold every other deadline, or
@@ -2158,6 +2644,8 @@ cdef class DispatcherCore:
         cdef list running = []
         cdef list parked
         cdef list waiting
+        cdef list handed
+        cdef list dead
         cdef SendContext item, retrying
         cdef ChatQueue q
         FD_STORE(&self._closed, 1)
@@ -2168,6 +2656,12 @@ cdef class DispatcherCore:
                 self._unlink_locked(item)
                 item._error = Cancelled("the dispatcher was force-closed")
                 running.append(item)
+            # Chats handed to a loop that has not taken them yet: the
+            # workers find them (emptied below) and let them go.
+            handed = list(self._handoffs)
+            self._handoffs.clear()
+            dead = [item for loop, items in self._loop_items.items()
+                    if loop.is_closed() for item in items]
         parked = self._limiter.cancel_all()
         for item in running:
             self._expire(item, _BY_FORCE)
@@ -2189,6 +2683,14 @@ cdef class DispatcherCore:
             q._not_before = 0.0
             q._granted = False
             self._schedule(q)
+        with self._pool_lock:
+            waiting_for_slots = list(self._slot_waiters)
+            self._slot_waiters.clear()
+            FD_STORE(&self._slot_waiting, 0)
+        for q in handed + waiting_for_slots:
+            self._schedule(q)
+        for item in dead:
+            self._end_on_closed_loop(item)
         self._maybe_drained()
 
     def _stop_workers(self):

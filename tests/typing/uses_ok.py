@@ -28,6 +28,7 @@ from fastdispatch import (
 def returns_int(sc: SendContext) -> int:
     assert_type(sc.chat_id, Hashable)
     assert_type(sc.attempt, int)
+    assert_type(sc.started, Optional[float])
     assert_type(sc.deadline, Optional[float])
     assert_type(sc.remaining(), Optional[float])
     assert_type(sc.cancelled, bool)
@@ -91,3 +92,13 @@ def subclass() -> None:
     with Outbox(max_inflight=2) as box:
         assert_type(box, Outbox)
         assert_type(box.sent(), List[int])
+
+
+async def uses_asubmit(d: OutboundDispatcher) -> None:
+    async def coroutine_task(sc: SendContext) -> str:
+        return "sent"
+
+    assert_type(await d.asubmit("chat", coroutine_task), str)
+    assert_type(await d.asubmit("chat", returns_int), int)
+    assert_type(d.queue_size, int)
+    assert_type(d.max_inflight, int)
