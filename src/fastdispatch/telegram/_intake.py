@@ -81,9 +81,9 @@ BUSY = "busy"  # every reply was refused, the chat's queue is full: deliver it a
 CLOSED = "closed"  # the engine is shutting down: not handled, deliver it again later
 
 
-def _offer(engine, sender, capabilities, update):
-    """Hand one update to the engine; return ``(kind, outcome)``.  Never
-    raises (a hostile handler may raise anything, even a BaseException, and
+def _offer(engine, sender, capabilities, update, event):
+    """Hand one update (``event``: ``update_to_event(update)``) to the
+    engine; return ``(kind, outcome)``.  Never raises (a hostile handler may raise anything, even a BaseException, and
     the intake goes on).
 
     ``outcome`` is the engine's :class:`~fastdispatch.engine.EventOutcome`
@@ -93,7 +93,6 @@ def _offer(engine, sender, capabilities, update):
     no reply was queued, some were refused): running it again later sends
     no reply twice.
     """
-    event = update_to_event(update)
     if event is None:
         return IGNORED, None
     handle = getattr(engine, "handle_event", None)
@@ -117,6 +116,52 @@ def _offer(engine, sender, capabilities, update):
         if refused["closed"]:
             return CLOSED, outcome
     return ACCEPTED, outcome
+
+
+class _Room:
+    """Whether a chat's reply queue has room for one more update's replies,
+    so that an intake holds an update back *before* its handlers run rather
+    than lose the replies that do not fit.
+
+    The room needed is the most replies one update has made so far; the
+    queue's capacity is the dispatcher's ``queue_size`` where it says it,
+    else what ``queue_len`` read when a reply was refused (``QueueFull``
+    means the queue was at capacity).  Until then every chat has room.
+    Written by intake threads without a lock: each field is one int, and a
+    stale read only makes one decision a little early or late.
+    """
+
+    def __init__(self, engine):
+        dispatcher = getattr(engine, "dispatcher", None)
+        self._queue_len = getattr(dispatcher, "queue_len", None)
+        capacity = getattr(dispatcher, "queue_size", None)
+        self.known = isinstance(capacity, int) and not isinstance(capacity, bool)
+        self.capacity = capacity if self.known else None
+        self.per_update = 1
+
+    def available(self, chat_id):
+        capacity, queue_len = self.capacity, self._queue_len
+        if capacity is None or queue_len is None:
+            return True
+        try:
+            return queue_len(chat_id) + min(self.per_update, capacity) <= capacity
+        except Exception:  # a dispatcher of the caller's: no room check then
+            return True
+
+    def learn_refusal(self, chat_id):
+        if self.known or self._queue_len is None:
+            return
+        try:
+            seen = self._queue_len(chat_id)
+        except Exception:
+            return
+        if seen > 0 and (self.capacity is None or seen > self.capacity):
+            self.capacity = seen
+
+    def learn(self, outcome):
+        made = outcome.queued + outcome.refused["queue_full"]
+        if made > self.per_update:
+            self.per_update = made
 
 
 def _report_lost(update_id, outcome):
@@ -225,6 +270,7 @@ class TelegramPoller:
         self.recheck = _check_wait("recheck", recheck)
         self.on_conflict = on_conflict
         self._capabilities = sender.capabilities()
+        self._room = _Room(engine)
         self._lock = threading.Lock()  # guards _conn and _thread
         self._conn: Any = None
         self._thread: Optional[threading.Thread] = None
@@ -479,12 +525,22 @@ class TelegramPoller:
     def _handle(self, update_id, update):
         """Offer one update until the engine takes it; False if it did not
         (stopping, or the engine shut down: it comes again)."""
+        event = update_to_event(update)
+        room = self._room
         while True:
-            kind, outcome = _offer(self.engine, self.sender, self._capabilities, update)
+            if event is not None and not room.available(event.chat.id):
+                self.busy += 1
+                if not self._wait_for_room(event.chat.id):
+                    return False
+            kind, outcome = _offer(self.engine, self.sender, self._capabilities, update, event)
+            if outcome is not None:
+                room.learn(outcome)
+                if outcome.refused["queue_full"]:
+                    room.learn_refusal(event.chat.id)
             if kind != BUSY:
                 break
             self.busy += 1
-            if not self._wait_for_room(outcome.event.chat.id):
+            if not self._wait_for_room(event.chat.id):
                 return False
         if kind == CLOSED:
             _log.info("update %d not handled: the engine is shutting down", update_id)
@@ -503,6 +559,7 @@ class TelegramPoller:
         return True
 
     def _settle(self, update_id, outcome):
+        self._room.learn(outcome)
         self.lost_replies += _report_lost(update_id, outcome)
         with self._settled:
             if self._frozen or self._unsettled.pop(update_id, None) is None:
@@ -510,16 +567,14 @@ class TelegramPoller:
             self._settled.notify_all()
 
     def _wait_for_room(self, chat_id):
-        """Wait until the chat's queue shrinks (or stop); False on stop."""
-        queue_len = getattr(self.engine.dispatcher, "queue_len", None) \
-            if hasattr(self.engine, "dispatcher") else None
+        """Wait until the chat's queue has room (or stop); False on stop."""
+        _log.debug("chat %r: its reply queue is full; holding its update back", chat_id)
+        room = self._room
+        queue_len = room._queue_len
         full = queue_len(chat_id) if queue_len is not None else 0
-        _log.info("chat %r: its reply queue is full (%d); holding its update back", chat_id,
-                  full)
-        while not self._stop.is_set():
-            if self._wait(0.02):
-                return False
-            if queue_len is None or queue_len(chat_id) < full:
+        while not self._wait(0.02):
+            if room.available(chat_id) and (room.capacity is not None or queue_len is None
+                                            or queue_len(chat_id) < full):
                 return True
         return False
 
@@ -611,6 +666,7 @@ class WebhookApp:
         self._secret = None if secret_token is None else secret_token.encode("ascii")
         self.max_body = max_body
         self._capabilities = sender.capabilities() if hasattr(sender, "capabilities") else None
+        self._room = _Room(engine)
         self._lock = threading.Lock()  # guards stats, _recent, _closed
         self.stats = {200: 0, 400: 0, 403: 0, 405: 0, 411: 0, 413: 0, 429: 0, 500: 0, 503: 0,
                       "duplicates": 0, "in_progress": 0, "handled": 0, "ignored": 0,
@@ -707,9 +763,16 @@ class WebhookApp:
                 if seen == "busy":
                     self.stats["in_progress"] += 1
                     return 503  # the first delivery may still fail: ask for another
-        status = 500
+        status, kind = 500, None
         try:
-            kind, outcome = _offer(self.engine, self.sender, self._capabilities, update)
+            event = update_to_event(update)
+            if event is not None and not self._room.available(event.chat.id):
+                return 429  # its chat's queue has no room: held back before it runs
+            kind, outcome = _offer(self.engine, self.sender, self._capabilities, update, event)
+            if outcome is not None:
+                self._room.learn(outcome)
+                if outcome.refused["queue_full"]:
+                    self._room.learn_refusal(event.chat.id)
             status = {ACCEPTED: 200, IGNORED: 200, BUSY: 429, CLOSED: 503}[kind]
             if kind == BUSY:
                 _log.info("webhook: update %s for chat %r answered 429: every reply was "
@@ -719,8 +782,7 @@ class WebhookApp:
                 _log.info("webhook: update %s answered 503: shutting down (Telegram "
                           "delivers it again)", update_id)
             elif outcome is not None:
-                outcome.add_done_callback(
-                    lambda o, uid=update_id: self._count_lost(_report_lost(uid, o)))
+                outcome.add_done_callback(lambda o, uid=update_id: self._settled(uid, o))
         finally:
             with self._lock:
                 if status == 200:
@@ -729,7 +791,9 @@ class WebhookApp:
                     self._recent.end(update_id, status == 200, monotonic())
         return status
 
-    def _count_lost(self, lost):
+    def _settled(self, update_id, outcome):
+        self._room.learn(outcome)
+        lost = _report_lost(update_id, outcome)
         if lost:
             with self._lock:
                 self.stats["lost_replies"] += lost

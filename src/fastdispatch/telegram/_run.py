@@ -146,7 +146,7 @@ def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = 
     handled, lost = _intake_counts(intake)
     unconfirmed = intake.pending if isinstance(intake, TelegramPoller) else 0
     report = ShutdownReport(handled, sent, failed, dropped, lost, unconfirmed, seconds, error)
-    deadline = "no deadline" if timeout is None else "the %g s deadline" % timeout
+    deadline = "no deadline" if timeout is None else "the %.1f s deadline" % timeout
     line = ("shutdown: %d updates handled; replies: %d sent, %d failed, %d dropped at %s, "
             "%d refused and lost%s; drained in %.1f s -> exit %d" % (
                 report.handled, report.sent, report.failed, report.dropped, deadline,

@@ -6,8 +6,11 @@ part of the Bot API that ``fastdispatch.telegram`` uses, enforces Telegram's
 rate limits (per chat, per group, bot-wide; any sizes, so tests can scale
 them down) with real ``429`` answers carrying ``parameters.retry_after``,
 injects faults on demand (latency, ``5xx``, dropped connections, garbage,
-answers cut off mid-body), queues updates for ``getUpdates`` long polling,
-and records, per chat, every message that arrived and when.
+answers cut off mid-body), queues updates for ``getUpdates`` long polling or
+delivers them to a webhook (after ``setWebhook``: POSTed with the secret
+header, again after a non-2xx or a timeout, in order per chat; see
+``_webhooks.py``), and records, per chat, every message that arrived and
+when.
 
 It is a product, not a fixture: a bot's own test suite can use it the way
 this project's tests and ``python -m fastdispatch demo`` do::
@@ -26,9 +29,7 @@ its process).
 
 What it does NOT emulate (see ``docs/telegram.md``): files, media, keyboards,
 ``parse_mode`` rendering, message editing, inline mode, payments, channels'
-own rules, webhook *delivery* (``setWebhook`` is stored and makes
-``getUpdates`` answer 409, as Telegram does, but updates are not POSTed to
-the URL), Telegram's undocumented extra limits and its whole-second
+own rules, Telegram's undocumented extra limits and its whole-second
 ``retry_after`` rounding (the fake answers the exact remaining time, rounded
 up to milliseconds, so scaled-down limits stay meaningful).
 
@@ -51,9 +52,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, NamedTuple, Optional, Set
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 from ..pacing import RateLimit
+from ._webhooks import WebhookDelivery
 
 __all__ = ["FakeTelegramServer", "SentMessage", "telegram_limits"]
 
@@ -286,6 +288,7 @@ class FakeTelegramServer:
         self._connections: Set[socket.socket] = set()
         self._poll_generation = 0
         self._stopping = False
+        self.webhooks = WebhookDelivery(self)  # POSTs updates once setWebhook is called
         self._reset_state()
 
     def _reset_state(self):
@@ -306,6 +309,8 @@ class FakeTelegramServer:
         self._restrictions = []
         self._admins = {}
         self._webhook = None
+        self._webhook_options = {}
+        self.webhooks.forget()
 
     @property
     def latency(self) -> Any:
@@ -330,6 +335,7 @@ class FakeTelegramServer:
                                   name="fake-telegram", daemon=True)
         self._thread = thread
         thread.start()
+        self.webhooks.start()
         return self
 
     def stop(self) -> None:
@@ -341,6 +347,7 @@ class FakeTelegramServer:
             self._stopping = True
             self._updates_changed.notify_all()
             connections = list(self._connections)
+        self.webhooks.stop()
         server.shutdown()
         server.server_close()
         for conn in connections:
@@ -759,18 +766,34 @@ class FakeTelegramServer:
         return True
 
     def _setWebhook(self, params):
+        # Delivery to the URL: _webhooks.py (self.webhooks).
         url = params.get("url")
+        if url and urlsplit(str(url)).scheme not in ("http", "https"):
+            raise _Answer(400, "Bad Request: bad webhook: invalid URL")
+        options = {"secret_token": params.get("secret_token") or None,
+                   "max_connections": min(100, max(1, _int_param(
+                       params, "max_connections", default=40))),
+                   "allowed_updates": params.get("allowed_updates")}
         with self._lock:
             self._webhook = url or None
+            self._webhook_options = options if url else {}
+            if str(params.get("drop_pending_updates", "")).lower() in ("true", "1"):
+                self._updates.clear()
             self._updates_changed.notify_all()
         return True
 
     def _deleteWebhook(self, params):
         with self._lock:
             self._webhook = None
+            self._webhook_options = {}
             if str(params.get("drop_pending_updates", "")).lower() in ("true", "1"):
                 self._updates.clear()
+            self._updates_changed.notify_all()
         return True
+
+    def _getWebhookInfo(self, params):
+        with self._lock:
+            return self.webhooks.info()
 
     def _getUpdates(self, params):
         offset = _int_param(params, "offset", default=0)
@@ -806,4 +829,4 @@ _METHODS = {name[1:].lower(): fn for name, fn in vars(FakeTelegramServer).items(
             if name[:1] == "_" and name[1:2].islower() and name[1:] in (
                 "getMe", "sendMessage", "deleteMessage", "sendChatAction",
                 "getChatAdministrators", "restrictChatMember", "setWebhook",
-                "deleteWebhook", "getUpdates")}
+                "deleteWebhook", "getWebhookInfo", "getUpdates")}
