@@ -7,9 +7,9 @@ fastdispatch is measured) against a FakeTelegramServer in this process whose
 answers take 200 ms (polling) or 50 ms (webhook), so replies queue up in the
 bot's dispatcher (``max_inflight=4``: 5 s and 3.75 s of replies).  Three scenarios:
 
-- **polling, SIGTERM**: 100 updates queued for ``getUpdates``; SIGTERM 1.5 s
-  after the bot started; then a second bot process runs until every update
-  is answered (or 20 s), and gets SIGTERM too.
+- **polling, SIGTERM**: 100 updates queued for ``getUpdates``; SIGTERM once
+  10 replies have arrived; then a second bot process runs until every
+  update is answered (or 20 s), and gets SIGTERM too.
 - **polling, SIGKILL**: the same with SIGKILL for the first process.
 - **webhook, SIGTERM**: 300 updates POSTed to the bot's webhook (each
   answered 200 before the signal), then SIGTERM.
@@ -99,7 +99,9 @@ def polling(python, script, api, sig):
         for i in range(100):
             server.push_message(1 + i % 10, "m #%d" % i)
         bot = start_bot(python, script, api, "polling", server)
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while len(server.all_messages()) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
         bot.send_signal(sig)
         try:
             out, _ = bot.communicate(timeout=60)
@@ -109,6 +111,7 @@ def polling(python, script, api, sig):
         first, _ = answered(server, 100, 0)
         code1 = bot.returncode
         bot = start_bot(python, script, api, "polling", server)
+        time.sleep(3)  # past its start-up: the signal must find the handlers installed
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and answered(server, 100, 0)[0] < 100:
             time.sleep(0.2)
@@ -176,7 +179,7 @@ def main():
             f.write(BOT)
         for name, sig in (("SIGTERM", signal.SIGTERM), ("SIGKILL", signal.SIGKILL)):
             r = polling(args.python, script, args.api, sig)
-            print("polling, %s 1.5 s into 100 updates: %d answered by the first process "
+            print("polling, %s after 10 of 100 replies: %d answered by the first process "
                   "(exit %s); after a restart %d of 100 answered, %d never (duplicates %d; "
                   "second exit %s)" % (name, r["first"], r["exit"], r["total"], r["lost"],
                                        r["duplicates"], r["exit2"]), flush=True)

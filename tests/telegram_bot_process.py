@@ -1,6 +1,6 @@
 """A Telegram bot for the shutdown tests, run in a subprocess.
 
-    python tests/telegram_bot_process.py polling|webhook
+    python tests/telegram_bot_process.py polling|webhook|waitress
     gunicorn -c examples/gunicorn.conf.py --chdir tests telegram_bot_process:application
 
 Configured by the environment: ``BOT_BASE_URL`` (the FakeTelegramServer),
@@ -40,7 +40,25 @@ def echo(ctx):
 application = webhook_app(engine, sender, secret_token="s3cret")
 
 
+def serve_with_waitress(port):
+    """docs/telegram.md's recipe for waitress, as written there."""
+    import signal
+
+    import waitress.server
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: as Ctrl-C
+    server = waitress.server.create_server(application, host="127.0.0.1", port=port,
+                                           threads=8)
+    try:
+        server.run()  # returns on Ctrl-C/SIGTERM, the requests in progress answered
+    finally:
+        server.close()  # no new connections: Telegram delivers those updates again later
+    return application.shutdown(DRAIN_TIMEOUT).exit_code
+
+
 def main(mode):
+    if mode == "waitress":
+        return serve_with_waitress(int(os.environ["BOT_PORT"]))
     if mode == "polling":
         health = os.environ.get("BOT_HEALTH_PORT")
         return run_polling(engine, sender, poll_timeout=1, drain_timeout=DRAIN_TIMEOUT,

@@ -194,8 +194,11 @@ def test_sigkill_then_restart_answers_every_update_at_least_once(bots):
 def start_webhook_bot(bots, server, mode, updates, drain):
     port = free_port()
     url = "http://127.0.0.1:%d/hook" % port
-    if mode == "gunicorn":
-        bot = bots(server, "gunicorn", BIND="127.0.0.1:%d" % port, DRAIN_TIMEOUT=drain)
+    if mode in ("gunicorn", "waitress"):
+        if mode == "gunicorn":
+            bot = bots(server, "gunicorn", BIND="127.0.0.1:%d" % port, DRAIN_TIMEOUT=drain)
+        else:
+            bot = bots(server, "waitress", BOT_PORT=port, BOT_DRAIN_TIMEOUT=drain)
         TelegramSender(TOKEN, base_url=server.base_url).call(
             "setWebhook", {"url": url, "secret_token": "s3cret"})
     else:
@@ -208,16 +211,18 @@ def start_webhook_bot(bots, server, mode, updates, drain):
     return bot, port
 
 
-def have_gunicorn():
+def have(module):
     try:
-        import gunicorn  # noqa: F401
+        __import__(module)
     except ImportError:
         return False
     return True
 
 
-WEBHOOK_MODES = ["webhook", pytest.param("gunicorn", marks=pytest.mark.skipif(
-    not have_gunicorn(), reason="gunicorn is not installed"))]
+WEBHOOK_MODES = ["webhook"] + [
+    pytest.param(server, marks=pytest.mark.skipif(not have(server),
+                                                  reason="%s is not installed" % server))
+    for server in ("gunicorn", "waitress")]
 
 
 @pytest.mark.parametrize("mode", WEBHOOK_MODES)
@@ -252,8 +257,7 @@ def test_updates_posted_during_a_shutdown_get_503_and_the_next_process_answers_t
         first, port = start_webhook_bot(bots, server, "webhook", 60, 60)
         first.signal(signal.SIGTERM)
         wait_until(lambda: "stopping intake" in first.log, what="the drain to begin")
-        for i in range(60, 70):
-            server.push_message(1 + i % 30, "u%d" % i)
+        late = {server.push_message(1 + i % 30, "u%d" % i) for i in range(60, 70)}
         wait_until(lambda: any(a.status == 503 for a in server.webhooks.attempts()),
                    what="a 503 during the drain")
         assert first.wait() == 0, first.log
@@ -265,7 +269,7 @@ def test_updates_posted_during_a_shutdown_get_503_and_the_next_process_answers_t
         counts = replies_per_update(server)
         refused = {a.update_id for a in server.webhooks.attempts() if a.status == 503}
     assert all(n == 1 for n in counts.values())  # none lost, none twice
-    assert refused and all(server_update >= 0 for server_update in refused)
+    assert refused and refused <= late  # only the updates that came during the drain
 
 
 def test_the_webhook_example_stops_cleanly_on_sigterm(tmp_path):
