@@ -605,7 +605,7 @@ class _RecentIds:
     Bounded both ways: an id is forgotten ``seconds`` after its answer, and
     beyond ``count`` ids the oldest go first.  Kept in an ``OrderedDict``
     (id -> time of the answer, oldest first), so adding, looking up and
-    forgetting are O(1); about 150 bytes per id remembered (measured:
+    forgetting are O(1); about 140 bytes per id remembered (measured:
     ``docs/telegram.md``).  Not thread-safe: the app's lock guards it.
     """
 
@@ -819,7 +819,7 @@ def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
       later, and its id is not remembered.  Update kinds that are not text
       messages are answered 200 and ignored.
     - Re-deliveries: the ids answered 200 within the last
-      ``remember_seconds`` (at most ``remember`` of them; about 150 bytes
+      ``remember_seconds`` (at most ``remember`` of them; about 140 bytes
       each) are answered 200 again without running the update twice; one
       that arrives while its first delivery is still being handled gets 503.
 
