@@ -83,8 +83,8 @@ CLOSED = "closed"  # the engine is shutting down: not handled, deliver it again 
 
 def _offer(engine, sender, capabilities, update, event):
     """Hand one update (``event``: ``update_to_event(update)``) to the
-    engine; return ``(kind, outcome)``.  Never raises (a hostile handler may raise anything, even a BaseException, and
-    the intake goes on).
+    engine; return ``(kind, outcome)``.  Never raises (a hostile handler may
+    raise anything, even a BaseException, and the intake goes on).
 
     ``outcome`` is the engine's :class:`~fastdispatch.engine.EventOutcome`
     (None for an engine without ``handle_event``, whose replies cannot be
@@ -275,9 +275,9 @@ class TelegramPoller:
         self._conn: Any = None
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
-        # What is in hand.  _settle_lock guards _start, _last, _unsettled and
-        # _frozen; _settled is a Condition on it, notified when the oldest
-        # update in hand settles (the offset moves) and by stop().
+        # What is in hand.  _settle_lock guards _start, _last, _unsettled,
+        # _frozen and lost_replies; _settled is a Condition on it, notified
+        # when an update in hand settles (the offset may move) and by stop().
         self._settle_lock = threading.Lock()
         self._settled = threading.Condition(self._settle_lock)
         self._start = offset  # the offset to send while nothing is in hand
@@ -559,9 +559,11 @@ class TelegramPoller:
         return True
 
     def _settle(self, update_id, outcome):
+        # On a dispatcher worker, any of them: the counts change under the lock.
         self._room.learn(outcome)
-        self.lost_replies += _report_lost(update_id, outcome)
+        lost = _report_lost(update_id, outcome)
         with self._settled:
+            self.lost_replies += lost
             if self._frozen or self._unsettled.pop(update_id, None) is None:
                 return
             self._settled.notify_all()

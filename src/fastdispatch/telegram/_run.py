@@ -350,6 +350,19 @@ def _check_parts(engine, sender):
         raise TypeError("engine must have a process_event(event, sender, capabilities) method")
 
 
+def _wind_up(state, stopper, server):
+    state["running"] = False
+    stopper.restore()
+    if server is not None:
+        server.stop()
+
+
+def _reported(report, on_shutdown):
+    if on_shutdown is not None:
+        on_shutdown(report)
+    return report.exit_code
+
+
 # -- the helpers -----------------------------------------------------------------
 
 def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30,
@@ -408,13 +421,8 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
                               force=stopper.force, error=error)
         poller.confirm()
     finally:
-        state["running"] = False
-        stopper.restore()
-        if server is not None:
-            server.stop()
-    if on_shutdown is not None:
-        on_shutdown(report)
-    return report.exit_code
+        _wind_up(state, stopper, server)
+    return _reported(report, on_shutdown)
 
 
 def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1",
@@ -488,10 +496,5 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
             except Exception:
                 pass
     finally:
-        state["running"] = False
-        stopper.restore()
-        if server is not None:
-            server.stop()
-    if on_shutdown is not None:
-        on_shutdown(report)
-    return report.exit_code
+        _wind_up(state, stopper, server)
+    return _reported(report, on_shutdown)
