@@ -238,19 +238,34 @@ def echo_engine(dispatcher, replies=1):
     return engine
 
 
-def test_the_poller_confirms_an_update_only_once_its_replies_were_sent(server, sender, impl):
+class GatedTelegramSender(TelegramSender):
+    """A TelegramSender whose sends to chat "1" wait for ``gate``."""
+
+    gate = None
+
+    def send(self, sc, request):
+        if request.target.id == "1":
+            self.gate.wait(30)
+        return super().send(sc, request)
+
+
+def test_the_poller_confirms_an_update_only_once_its_replies_were_sent(server, impl):
+    sender = GatedTelegramSender(TOKEN, base_url=server.base_url)
+    sender.gate = threading.Event()
     engine = echo_engine(impl.OutboundDispatcher(max_inflight=2, retry=RetryPolicy()))
-    server.inject("delay", 1, seconds=1.0)  # the first reply takes a second
     server.push_message(1, "first")
     server.push_message(2, "second")
     poller = TelegramPoller(sender, engine, poll_timeout=1, recheck=0.05).start()
     try:
         assert wait_until(lambda: len(server.messages(2)) == 1)
-        # The first update's reply is still on its way: Telegram keeps it.
+        # The first update's reply is held: Telegram keeps both updates
+        # (confirming the second would confirm the first).
         assert poller.pending == 1 and server.pending_updates() == 2
+        sender.gate.set()
         assert wait_until(lambda: server.pending_updates() == 0)
         assert poller.pending == 0
     finally:
+        sender.gate.set()
         assert poller.stop(5)
         assert engine.shutdown(10)
     assert [m.text for m in server.messages(1)] == ["first /0"]
