@@ -5,19 +5,26 @@ Run against the real Telegram Bot API (needs ``pip install 'fastdispatch[telegra
     TELEGRAM_BOT_TOKEN=123456:ABC... python examples/telegram_echo_bot.py
 
 It answers ``/start``, ``/echo <text>`` and anything containing "hello" until
-you press Ctrl-C.  Without ``TELEGRAM_BOT_TOKEN`` the same bot runs against a
-local ``FakeTelegramServer`` (on 127.0.0.1, with Telegram's real limits):
-three simulated users write to it, one of them in a group, the script prints
-the conversation as the server recorded it and exits with status 0 only if
-every reply arrived, in order.
+SIGTERM or Ctrl-C (``run_polling``): then it stops polling, lets the queued
+replies go out (up to 30 s), confirms to Telegram the updates it answered
+and exits 0, or 1 if a reply had to be dropped (an update whose replies did
+not all go out is left to Telegram, which delivers it again to the next
+run).  Without ``TELEGRAM_BOT_TOKEN`` the same bot runs against a local
+``FakeTelegramServer`` (on 127.0.0.1, with Telegram's real limits): three
+simulated users write to it, one of them in a group, the script prints the
+conversation as the server recorded it and exits with status 0 only if every
+reply arrived, in order.  ``telegram_webhook_bot.py`` is the same bot behind
+a webhook.
 """
 
+import logging
 import os
 import sys
+import threading
 import time
 
 from fastdispatch import Engine, OutboundDispatcher, Pacing, RetryPolicy, rules
-from fastdispatch.telegram import TelegramPoller, TelegramSender
+from fastdispatch.telegram import TelegramSender, run_polling
 
 
 def build_bot(engine):
@@ -46,21 +53,14 @@ def make_engine():
 
 
 def run_real(token):
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     sender = TelegramSender(token)
     me = sender.get_me()
-    print("running as @%s; Ctrl-C to stop" % me.get("username"))
-    engine = make_engine()
-    poller = TelegramPoller(sender, engine, poll_timeout=30).start()
+    print("running as @%s; SIGTERM or Ctrl-C to stop" % me.get("username"))
     try:
-        while True:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
+        return run_polling(make_engine(), sender, poll_timeout=30, drain_timeout=30)
     finally:
-        poller.stop(timeout=5)
-        engine.shutdown(timeout=30)
         sender.close()
-    return 0
 
 
 def run_fake():
@@ -82,12 +82,17 @@ def run_fake():
         engine = make_engine()
         for chat, text, name, _ in conversation:
             server.push_message(chat, text, user_id=abs(chat) + 1, first_name=name)
-        poller = TelegramPoller(sender, engine, poll_timeout=1).start()
-        deadline = time.monotonic() + 30
-        while len(server.all_messages()) < len(conversation) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        poller.stop(timeout=5)
-        engine.shutdown(timeout=30)
+        # run_polling returns when `done` is set (or on SIGTERM/Ctrl-C).
+        done = threading.Event()
+
+        def watch():
+            deadline = time.monotonic() + 30
+            while len(server.all_messages()) < len(conversation) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            done.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        status = run_polling(engine, sender, poll_timeout=1, drain_timeout=30, stop=done)
         ok = True
         for chat in (101, 202, -300):
             expected = [reply for c, _, _, reply in conversation if c == chat]
@@ -96,7 +101,7 @@ def run_fake():
             ok = ok and [m.text for m in got] == expected
         print("typing indicators sent: %d" % len(server.chat_actions))
         print("replies arrived in order: %s" % ("yes" if ok else "NO"))
-        return 0 if ok else 1
+        return 0 if ok and status == 0 else 1
 
 
 def main():

@@ -93,6 +93,46 @@ def _failed(exc: BaseException) -> "Future[Any]":
     return fut
 
 
+class _UnqueuedReply(Future):  # type: ignore[type-arg]
+    """The already-failed Future of a reply that could not be queued.
+
+    No silent loss: if nobody ever looks at it (``result()``,
+    ``exception()`` or ``add_done_callback()``), the reply is logged once,
+    with its chat, when the Future is dropped.  A handler that does
+    ``ctx.reply_text(...)`` and ignores the result drops it at once, so the
+    warning comes when the reply was refused.  Made only on the failure path:
+    a reply that was queued costs nothing more.
+    """
+
+    def __init__(self, exc: BaseException, chat_id: Any) -> None:
+        super().__init__()
+        self._chat_id = chat_id
+        self._observed = False
+        self.set_exception(exc)
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        self._observed = True
+        return super().result(timeout)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        self._observed = True
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn: Callable[["Future[Any]"], object]) -> None:
+        self._observed = True
+        super().add_done_callback(fn)
+
+    def __del__(self) -> None:
+        if self._observed:
+            return
+        try:
+            exc = super().exception(0)
+            _log.warning("reply to chat %r was not sent: %s: %s (nobody looked at its Future)",
+                         self._chat_id, type(exc).__name__, exc)
+        except Exception:  # noqa: S110 - at interpreter exit logging may be gone
+            pass
+
+
 def _current_span() -> Any:
     """The OpenTelemetry span current in this thread, or None if there is no
     valid one (or OpenTelemetry is not installed)."""
@@ -211,6 +251,7 @@ class Context:
         "_effects",
         "_content",
         "_content_lock",
+        "_tracker",
     )
 
     def __init__(
@@ -251,6 +292,9 @@ class Context:
         self._effects: Optional[List[Callable[[], Any]]] = None
         self._content: Any = _UNSET
         self._content_lock: Optional[threading.Lock] = None
+        # The engine's record of the event's replies (Engine.handle_event),
+        # shared with clones; None when nobody tracks them.
+        self._tracker: Any = None
 
     def __repr__(self) -> str:
         e = self._event
@@ -421,6 +465,7 @@ class Context:
         clone._effects = None
         clone._content = self._content
         clone._content_lock = None
+        clone._tracker = self._tracker
         return clone
 
     # -- deferred rule effects -------------------------------------------------
@@ -470,10 +515,17 @@ class Context:
         to the same chat, and goes on after the handler returns.  This method
         never raises: a missing sender or dispatcher, a full chat queue
         (``QueueFull``), a closed dispatcher (``DispatcherClosed``) or a bad
-        argument all come back as an already-failed Future.  The submit
-        happens with the event's span (``ctx.span``) current, so a traced
-        dispatcher makes each send attempt a child of the event.
+        argument all come back as an already-failed Future; if nobody looks
+        at that Future, the refused reply is logged (a warning on the
+        ``fastdispatch`` logger, with the chat) when it is dropped.  The
+        submit happens with the event's span (``ctx.span``) current, so a
+        traced dispatcher makes each send attempt a child of the event.
+
+        Under :meth:`Engine.handle_event` the engine's :class:`EventOutcome`
+        records each reply instead (the intake that asked for it reports the
+        refused ones, or has the event delivered again).
         """
+        chat = self._event.chat
         try:
             if not isinstance(message, TextMessage):
                 raise TypeError(
@@ -486,18 +538,25 @@ class Context:
             dispatcher = self._dispatcher
             if dispatcher is None:
                 raise RuntimeError("cannot reply: this Context has no dispatcher")
-            chat = self._event.chat
             request = SendRequest(target=chat, message=message)
             send = sender.send
             span = self._span
             if span is None:
-                return dispatcher.submit(chat.id, lambda sc: send(sc, request))
-            # Submit with the event's span current, so that whatever traces
-            # the send (fastdispatch.metrics.TracedDispatcher) parents it there.
-            return _call_in_span(span, dispatcher.submit, chat.id,
-                                 lambda sc: send(sc, request))
+                fut = dispatcher.submit(chat.id, lambda sc: send(sc, request))
+            else:
+                # Submit with the event's span current, so that whatever traces
+                # the send (fastdispatch.metrics.TracedDispatcher) parents it there.
+                fut = _call_in_span(span, dispatcher.submit, chat.id,
+                                    lambda sc: send(sc, request))
         except Exception as exc:
-            return _failed(exc)
+            tracker = self._tracker
+            if tracker is not None and tracker._refused(exc):
+                return _failed(exc)
+            return _UnqueuedReply(exc, chat.id)
+        tracker = self._tracker
+        if tracker is not None:
+            tracker._track(fut)
+        return fut
 
     def reply_text(self, text: str) -> "Future[SendResult]":
         """``reply(TextMessage(text))``; a non-str comes back as a failed Future."""

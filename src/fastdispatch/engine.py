@@ -12,6 +12,22 @@ Threads.  ``process_event`` may be called from any number of threads at once.
 The matcher list is an immutable tuple replaced whole by ``on()``, so the
 match path reads it without a lock.  The handler pool is created on the
 first pooled match.
+
+Intakes that must not lose an event (``fastdispatch.telegram``'s poller and
+webhook) call :meth:`Engine.handle_event` instead: it returns an
+:class:`EventOutcome` that follows every reply the event's handlers queued
+until each was sent or failed for good, so the intake confirms the event to
+its platform only then (at-least-once), and can tell "every reply was
+refused" (the chat's queue is full, the dispatcher is closing: have the
+platform deliver the event again later) from "queued".
+
+A chat over its queue.  A dispatcher chat queue holds ``queue_size``
+waiting replies; one more is refused at once (``QueueFull``), never blocks a
+handler and is never silently dropped: ``ctx.reply`` hands back a failed
+Future, which is logged with the chat if nobody looks at it, and under
+``handle_event`` the outcome counts it, so an intake can push back (the
+Telegram webhook answers 429 and Telegram delivers the update again later;
+the poller waits for room and runs the update again).
 """
 
 from __future__ import annotations
@@ -22,10 +38,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from time import monotonic
 from typing import Any, Callable, List, NamedTuple, Optional, Set, Tuple
 
+from ._errors import Cancelled, DispatcherClosed, QueueFull
 from .context import Context, _call_in_span
 from .platform import Capabilities, Event
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "EventOutcome"]
 
 _log = logging.getLogger("fastdispatch")
 
@@ -68,6 +85,139 @@ def _run_pooled(handler: Handler, ctx: Context) -> None:
     _call_in_span(ctx.span, _run_handler, handler, ctx)
 
 
+class EventOutcome:
+    """What became of one event given to :meth:`Engine.handle_event`.
+
+    It follows the event until it is *settled*: every handler has returned
+    (pooled ones too) and every reply they queued meanwhile has an outcome.
+    Replies queued later (from a thread the handler started, after it
+    returned) are not followed.  Readable at any time (counts so far):
+
+    - ``handlers``: the handlers run or handed to the pool, in order;
+    - ``queued``: replies accepted by the dispatcher; of those, ``sent``,
+      ``failed`` (for good: an error, retries used up) and ``cancelled``
+      (cancelled before they went, e.g. by ``force_close()`` at a shutdown
+      deadline);
+    - ``refused``: replies the dispatcher refused at once, by reason:
+      ``{"queue_full": n, "closed": n, "error": n}`` (``error``: any other
+      failure of ``ctx.reply``, such as a missing sender);
+    - ``settled``; :meth:`wait`; :meth:`add_done_callback`;
+    - ``delivered``: settled, and no reply was refused or cancelled: every
+      reply was sent or failed for good, so the event need not come again.
+
+    Cost: one lock and one Future callback per reply, only on this path
+    (``process_event`` does none of it).
+    """
+
+    __slots__ = ("event", "handlers", "queued", "sent", "failed", "cancelled", "refused",
+                 "_lock", "_open", "_pending", "_callbacks", "_settled")
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+        self.handlers: List[Handler] = []
+        self.queued = self.sent = self.failed = self.cancelled = 0
+        self.refused = {"queue_full": 0, "closed": 0, "error": 0}
+        self._lock = threading.Lock()  # guards the counts, _open, _pending, _callbacks
+        self._open = 1  # the match walk itself, plus each pooled handler still to return
+        self._pending = 0  # queued replies without an outcome yet
+        self._callbacks: List[Callable[["EventOutcome"], Any]] = []
+        self._settled = threading.Event()
+
+    def __repr__(self) -> str:
+        return ("<EventOutcome chat=%r %s queued=%d sent=%d failed=%d cancelled=%d "
+                "refused=%r>" % (self.event.chat.id, "settled" if self.settled else "open",
+                                 self.queued, self.sent, self.failed, self.cancelled,
+                                 self.refused))
+
+    @property
+    def settled(self) -> bool:
+        return self._settled.is_set()
+
+    @property
+    def refused_total(self) -> int:
+        refused = self.refused
+        return refused["queue_full"] + refused["closed"] + refused["error"]
+
+    @property
+    def delivered(self) -> bool:
+        return self.settled and self.cancelled == 0 and self.refused_total == 0
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until settled; False if ``timeout`` seconds passed first."""
+        return self._settled.wait(timeout)
+
+    def add_done_callback(self, fn: Callable[["EventOutcome"], Any]) -> None:
+        """Call ``fn(outcome)`` once settled (at once if it is), in the thread
+        that settles it (a dispatcher worker, usually).  An exception from
+        ``fn`` is logged."""
+        with self._lock:
+            if not self._settled.is_set():
+                self._callbacks.append(fn)
+                return
+        self._call(fn)
+
+    def _call(self, fn: Callable[["EventOutcome"], Any]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            _log.exception("EventOutcome callback %r raised", fn)
+
+    # -- fed by Context.reply and the engine --------------------------------
+
+    def _track(self, fut: Any) -> None:
+        with self._lock:
+            if self._open == 0:
+                return  # queued after the event settled: not followed
+            self.queued += 1
+            self._pending += 1
+        fut.add_done_callback(self._reply_done)
+
+    def _refused(self, exc: BaseException) -> bool:
+        """Count a reply ``ctx.reply`` could not queue; False (not counted)
+        once the event has settled."""
+        reason = ("queue_full" if isinstance(exc, QueueFull) else
+                  "closed" if isinstance(exc, DispatcherClosed) else "error")
+        with self._lock:
+            if self._open == 0:
+                return False
+            self.refused[reason] += 1
+        return True
+
+    def _reply_done(self, fut: Any) -> None:
+        if fut.cancelled():
+            kind = "cancelled"
+        else:
+            exc = fut.exception()
+            kind = ("sent" if exc is None else
+                    "cancelled" if isinstance(exc, Cancelled) else "failed")
+        with self._lock:
+            setattr(self, kind, getattr(self, kind) + 1)
+            self._pending -= 1
+            done = self._pending == 0 and self._open == 0
+        if done:
+            self._settle()
+
+    def _hold(self) -> None:
+        with self._lock:
+            self._open += 1
+
+    def _release(self, _fut: Any = None) -> None:
+        with self._lock:
+            self._open -= 1
+            done = self._pending == 0 and self._open == 0
+        if done:
+            self._settle()
+
+    def _settle(self) -> None:
+        with self._lock:
+            if self._settled.is_set():
+                return
+            self._settled.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            self._call(fn)
+
+
 class Engine:
     """Rules and handlers, matched in priority order; replies via a dispatcher.
 
@@ -103,6 +253,11 @@ class Engine:
     @property
     def dispatcher(self) -> Any:
         return self._dispatcher
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` was called (events are refused)."""
+        return self._closed
 
     def on(
         self, *rules: Rule, priority: int = 0, block: bool = False, pooled: bool = False
@@ -149,6 +304,34 @@ class Engine:
             raise RuntimeError("cannot process events after shutdown()")
         ctx = Context(event, sender=sender, dispatcher=self._dispatcher,
                       capabilities=capabilities)
+        return self._walk(ctx, None)
+
+    def handle_event(
+        self, event: Event, sender: Any, capabilities: Optional[Capabilities] = None
+    ) -> EventOutcome:
+        """Like :meth:`process_event`, but return an :class:`EventOutcome`
+        that follows the replies the handlers queue, until each was sent or
+        failed for good.
+
+        For intakes that confirm an event to the platform only once it was
+        really answered (``fastdispatch.telegram``).  Refused replies are
+        counted on the outcome instead of logged one by one: the caller
+        decides (deliver the event again, or report the loss).  Raises
+        ``RuntimeError`` after :meth:`shutdown`.
+        """
+        if self._closed:
+            raise RuntimeError("cannot process events after shutdown()")
+        outcome = EventOutcome(event)
+        ctx = Context(event, sender=sender, dispatcher=self._dispatcher,
+                      capabilities=capabilities)
+        ctx._tracker = outcome
+        try:
+            outcome.handlers = self._walk(ctx, outcome)
+        finally:
+            outcome._release()  # the walk's own hold: settles once the replies have
+        return outcome
+
+    def _walk(self, ctx: Context, outcome: Optional[EventOutcome]) -> List[Handler]:
         handled = []
         for matcher in self._matchers:
             if not _matches(matcher, ctx):
@@ -157,14 +340,15 @@ class Engine:
             ctx.commit_pending_rule_effects()
             if not matcher.pooled:
                 _run_handler(matcher.handler, ctx)
-            elif not self._hand_over(matcher.handler, ctx.clone()):
+            elif not self._hand_over(matcher.handler, ctx.clone(), outcome):
                 continue
             handled.append(matcher.handler)
             if matcher.block:
                 break
         return handled
 
-    def _hand_over(self, handler: Handler, ctx: Context) -> bool:
+    def _hand_over(self, handler: Handler, ctx: Context,
+                   outcome: Optional[EventOutcome] = None) -> bool:
         with self._lock:
             if self._closed:
                 _log.error("engine shut down; pooled handler %r not run", handler)
@@ -172,9 +356,18 @@ class Engine:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     self._pool_size, thread_name_prefix="fastdispatch-handler")
-            fut = self._pool.submit(_run_pooled, handler, ctx)
+            if outcome is not None:
+                outcome._hold()
+            try:
+                fut = self._pool.submit(_run_pooled, handler, ctx)
+            except BaseException:
+                if outcome is not None:
+                    outcome._release()
+                raise
             self._pooled.add(fut)
         fut.add_done_callback(self._pooled_done)
+        if outcome is not None:
+            fut.add_done_callback(outcome._release)
         return True
 
     def _pooled_done(self, fut: Any) -> None:

@@ -6,7 +6,14 @@ and the optional protocols Telegram offers (``deleteMessage``,
 Updates in: :class:`TelegramPoller` (``getUpdates`` long polling on its own
 thread) or :func:`webhook_app` (a WSGI callable); both turn updates into
 ``Event``s with :func:`update_to_event` and hand them to
-``Engine.process_event``.
+``Engine.handle_event``, at least once (an update is confirmed to Telegram
+only once the engine took it; by the poller, only once its replies went).
+
+Running a bot as a service: :func:`run_polling` and :func:`run_webhook`
+block until SIGTERM/SIGINT, then stop the intake, drain the replies up to a
+deadline and report what was left (:class:`ShutdownReport`; a non-zero exit
+status if a reply was dropped).  :func:`drain_engine` (and
+``WebhookApp.shutdown``) is that last part, for a server of your own.
 
 The sender is a thin translation layer and nothing more: it builds the
 request, sends it through the shared JSON-over-HTTP client
@@ -38,7 +45,8 @@ request path; it never appears in a repr, an exception message or chain
 client's error), or urllib3's debug log (a filter on its loggers redacts it).
 """
 
-from ._intake import TelegramPoller, WebhookApp, update_to_event, webhook_app
+from ._intake import PollerError, TelegramPoller, WebhookApp, update_to_event, webhook_app
+from ._run import ShutdownReport, drain_engine, run_polling, run_webhook
 from ._sender import PlatformError, TelegramNetworkError, TelegramSender
 
 __all__ = [
@@ -47,6 +55,11 @@ __all__ = [
     "webhook_app",
     "WebhookApp",
     "update_to_event",
+    "run_polling",
+    "run_webhook",
+    "drain_engine",
+    "ShutdownReport",
+    "PollerError",
     "PlatformError",
     "TelegramNetworkError",
 ]

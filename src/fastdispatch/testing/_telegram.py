@@ -9,8 +9,10 @@ the Bot API marks required; errors have Telegram's descriptions and
 bot-wide; any sizes, so tests can scale them down) with real ``429``
 answers, injects faults on demand (latency, ``5xx``, dropped connections,
 garbage, answers cut off mid-body), queues updates for ``getUpdates`` long
-polling, migrates a group to a supergroup on demand, and records, per chat,
-every message that arrived and when.
+polling or delivers them to a webhook (after ``setWebhook``: POSTed with the
+secret header, again after a non-2xx or a timeout, in order per chat; see
+``_webhooks.py``), migrates a group to a supergroup on demand, and records,
+per chat, every message that arrived and when.
 
 It is a product, not a fixture: a bot's own test suite can use it the way
 this project's tests and ``python -m fastdispatch demo`` do, with
@@ -32,9 +34,7 @@ HTTP), for a bot written in any language.
 What it emulates and what it does not is a table in ``docs/telegram.md``.
 The main simplifications: any chat id is a chat (no "chat not found"), text
 only (no files, media, keyboards' effects, ``parse_mode`` rendering), no
-inline mode, payments or channels' own rules, webhook *delivery* is not
-done here (``setWebhook`` is stored and makes ``getUpdates`` answer 409, as
-Telegram does).
+inline mode, payments or channels' own rules.
 
 Chats are typed by their id, as Telegram's are: positive ids are private
 chats, ids from ``-1000000000000`` down are supergroups, other negative ids
@@ -54,9 +54,11 @@ import math
 import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional
+from urllib.parse import urlsplit
 
 from ..pacing import RateLimit
 from ._server import BadParams, LocalServer, parse_params
+from ._webhooks import WebhookDelivery
 
 __all__ = ["FakeTelegramServer", "SentMessage", "telegram_limits"]
 
@@ -297,10 +299,21 @@ class FakeTelegramServer(LocalServer):
         self.exact_retry_after = bool(exact_retry_after)
         self.bot_is_admin = bool(bot_is_admin)
         self._tls = threading.local()  # .bot: the User of the bot making this request
+        self.webhooks = WebhookDelivery(self)  # POSTs updates once setWebhook is called
         super().__init__(latency=latency, seed=seed, max_body=max_body, host=host,
                          port=port, control=control)
         self._updates_changed = self._changed  # long polls wait on it
         self._poll_generation = 0
+
+    def start(self) -> "FakeTelegramServer":
+        super().start()
+        self.webhooks.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self.webhooks.stop()
+        super().stop()
 
     def _reset_state(self):
         # Called with _lock held (or before the server runs).
@@ -320,6 +333,8 @@ class FakeTelegramServer(LocalServer):
         self._migrated: Dict[str, int] = {}  # old group key -> supergroup id
         self._migrate_after: Dict[str, tuple] = {}  # key -> (messages left, new id)
         self._webhook = None
+        self._webhook_options: Dict[str, Any] = {}
+        self.webhooks.forget()
 
     # -- faults ------------------------------------------------------------
 
@@ -779,23 +794,34 @@ class FakeTelegramServer(LocalServer):
         return True
 
     def _setWebhook(self, params):
+        # Delivery to the URL: _webhooks.py (self.webhooks).
         url = params.get("url")
+        if url and urlsplit(str(url)).scheme not in ("http", "https"):
+            raise _Answer(400, "Bad Request: bad webhook: invalid URL")
+        options = {"secret_token": params.get("secret_token") or None,
+                   "max_connections": min(100, max(1, _int_param(
+                       params, "max_connections", default=40))),
+                   "allowed_updates": params.get("allowed_updates")}
         with self._lock:
             self._webhook = url or None
+            self._webhook_options = options if url else {}
+            if _bool_param(params, "drop_pending_updates"):
+                self._updates.clear()
             self._updates_changed.notify_all()
         return True
 
     def _deleteWebhook(self, params):
         with self._lock:
             self._webhook = None
+            self._webhook_options = {}
             if _bool_param(params, "drop_pending_updates"):
                 self._updates.clear()
+            self._updates_changed.notify_all()
         return True
 
     def _getWebhookInfo(self, params):
         with self._lock:
-            return {"url": self._webhook or "", "has_custom_certificate": False,
-                    "pending_update_count": len(self._updates)}
+            return self.webhooks.info()
 
     def _getUpdates(self, params):
         offset = _int_param(params, "offset", default=0)

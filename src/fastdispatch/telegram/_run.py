@@ -1,0 +1,500 @@
+"""Running a bot as a service: :func:`run_polling`, :func:`run_webhook` and
+:func:`drain_engine`.
+
+Every deploy stops the bot's process, so stopping is part of running.  Both
+helpers block until SIGTERM or SIGINT (or until ``stop``, a
+``threading.Event``, is set) and then, in this order:
+
+1. stop the intake: the poller's loop ends (the update in hand finishes), or
+   the webhook answers 503 to every new update (Telegram keeps it and
+   delivers it again, to the next process);
+2. drain: ``engine.shutdown(drain_timeout)`` lets the queued replies go out,
+   paced and retried as usual;
+3. at the deadline, give up on what is left: the poller first marks the
+   updates still waiting for replies as unconfirmed (the next process gets
+   them again), then the dispatcher is force-closed;
+4. report: one log line with the counts (updates handled, replies sent,
+   failed, dropped at the deadline, refused), and an exit status that is
+   non-zero if a reply was dropped (1) or the intake failed (2).
+
+A second signal during the drain stops waiting at once (step 3 follows).
+
+The webhook server is cheroot (CherryPy's threaded WSGI server, the
+``fastdispatch[webhook]`` extra), chosen by measuring it against waitress
+and gunicorn's gthread worker (``bench/webhook_servers.py``, numbers in
+``docs/telegram.md``): the same throughput as waitress within the noise, and
+it stops cleanly from another thread, which an embedded server must.  Beside
+the webhook it serves ``/healthz`` (200 while running, 503 while draining)
+and ``/metrics`` (the Prometheus text format); ``run_polling`` serves the
+same two on ``health_port`` when given one.  For a server of your own
+(gunicorn, waitress), :meth:`WebhookApp.shutdown` is steps 1-4 in one call:
+``docs/telegram.md`` shows the hooks.
+
+Threads: the caller's thread waits and drains; the poller and the web server
+have their own; a helper thread runs ``engine.shutdown`` so that a second
+signal can cut the wait short.
+"""
+
+import json
+import logging
+import secrets
+import signal
+import threading
+from time import monotonic
+from typing import Any, Callable, List, NamedTuple, Optional
+
+from ._intake import TelegramPoller, WebhookApp, webhook_app
+from ._sender import TelegramSender
+
+__all__ = ["run_polling", "run_webhook", "drain_engine", "ShutdownReport"]
+
+_log = logging.getLogger("fastdispatch.telegram")
+
+
+class ShutdownReport(NamedTuple):
+    """What a shutdown left behind (logged as one line; :attr:`exit_code`).
+
+    - ``handled``: updates the intake gave to the engine;
+    - ``sent``, ``failed``: replies sent, and failed for good (platform
+      errors, retries used up, timeouts), over the dispatcher's life;
+    - ``dropped``: replies still queued or running at the deadline,
+      cancelled (never sent);
+    - ``lost``: replies refused (``QueueFull``) for updates that were
+      answered all the same (they had other replies queued);
+    - ``unconfirmed``: polling only: updates left unconfirmed because their
+      replies were dropped; Telegram delivers them again to the next process;
+    - ``seconds``: how long the drain took; ``error``: why the intake
+      stopped by itself (e.g. 409 Conflict), or None.
+    """
+
+    handled: int
+    sent: int
+    failed: int
+    dropped: int
+    lost: int
+    unconfirmed: int
+    seconds: float
+    error: Optional[str]
+
+    @property
+    def exit_code(self) -> int:
+        """0: every reply went out (or failed for good); 1: some were
+        dropped or lost; 2: the intake failed."""
+        if self.error is not None:
+            return 2
+        return 1 if self.dropped or self.lost else 0
+
+
+def _intake_counts(intake):
+    if isinstance(intake, WebhookApp):
+        with intake._lock:
+            return intake.stats["handled"], intake.stats["lost_replies"]
+    if isinstance(intake, TelegramPoller):
+        return intake.handled, intake.lost_replies
+    return 0, 0
+
+
+def _dispatcher_counts(dispatcher):
+    stats = getattr(dispatcher, "stats", None)
+    if not callable(stats):
+        return None
+    s = stats()
+    ended = s.completed + s.failed + s.discarded + s.cancelled + s.timed_out
+    return s.completed, s.failed + s.timed_out + s.discarded, s.submitted - ended
+
+
+def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = None,
+                 on_deadline: Optional[Callable[[], Any]] = None,
+                 force: Optional[threading.Event] = None,
+                 error: Optional[str] = None) -> ShutdownReport:
+    """Shut ``engine`` down, giving its queued replies ``timeout`` seconds
+    (None: as long as they take); then cancel what is left, log one line
+    with the counts and return the :class:`ShutdownReport`.
+
+    ``intake``: the :class:`WebhookApp` or :class:`TelegramPoller` whose
+    counts go into the report (stop it first).  ``on_deadline``: called
+    when the deadline passed, before anything is cancelled (the poller's
+    ``freeze``).  ``force``: an Event that, once set, ends the wait early.
+    """
+    timeout = _check_drain_timeout(timeout)
+    dispatcher = getattr(engine, "dispatcher", None)
+    started = monotonic()
+    if force is None:
+        finished = bool(engine.shutdown(timeout))
+    else:
+        result: List[bool] = []
+        helper = threading.Thread(target=lambda: result.append(bool(engine.shutdown(timeout))),
+                                  name="fastdispatch-drain", daemon=True)
+        helper.start()
+        while helper.is_alive() and not force.wait(0.05):
+            pass
+        helper.join(0 if force.is_set() else None)
+        finished = bool(result and result[0])
+    seconds = monotonic() - started
+    dropped = 0
+    if not finished:
+        counts = _dispatcher_counts(dispatcher)
+        # Without stats() the number is unknown; at least one was left.
+        dropped = counts[2] if counts is not None else 1
+        if on_deadline is not None:
+            on_deadline()
+        force_close = getattr(dispatcher, "force_close", None)
+        if callable(force_close):
+            force_close()
+    counts = _dispatcher_counts(dispatcher)
+    sent, failed = (counts[0], counts[1]) if counts is not None else (0, 0)
+    handled, lost = _intake_counts(intake)
+    unconfirmed = intake.pending if isinstance(intake, TelegramPoller) else 0
+    report = ShutdownReport(handled, sent, failed, dropped, lost, unconfirmed, seconds, error)
+    deadline = "no deadline" if timeout is None else "the %.1f s deadline" % timeout
+    line = ("shutdown: %d updates handled; replies: %d sent, %d failed, %d dropped at %s, "
+            "%d refused and lost%s; drained in %.1f s -> exit %d" % (
+                report.handled, report.sent, report.failed, report.dropped, deadline,
+                report.lost, "; %d updates left to Telegram to deliver again" % unconfirmed
+                if unconfirmed else "", seconds, report.exit_code))
+    if error is not None:
+        line += " (%s)" % error
+    (_log.info if report.exit_code == 0 else _log.error)(line)
+    return report
+
+
+# -- signals -----------------------------------------------------------------------
+
+class _Stopper:
+    """SIGTERM/SIGINT -> ``stop``; a second one -> ``force`` (installed only
+    in the main thread, where Python delivers signals; restored after)."""
+
+    def __init__(self, stop, handle_signals):
+        if stop is not None and not isinstance(stop, threading.Event):
+            raise TypeError("stop must be a threading.Event or None")
+        self.stop = stop if stop is not None else threading.Event()
+        self.force = threading.Event()
+        self.signum = None
+        self._previous = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        # No logging here: the interrupted code may hold the logging lock.
+        if self.stop.is_set():
+            self.force.set()
+        else:
+            self.signum = signum
+            self.stop.set()
+
+    def wait(self, alive):
+        """Block until stopped, or until ``alive()`` turns False."""
+        try:
+            while not self.stop.wait(0.2):
+                if not alive():
+                    break
+        except KeyboardInterrupt:  # handle_signals=False and Ctrl-C
+            self.stop.set()
+        if self.signum is not None:
+            _log.info("%s: stopping intake and draining replies (again to stop waiting)",
+                      signal.Signals(self.signum).name)
+
+    def restore(self):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+# -- health and metrics --------------------------------------------------------------
+
+def _metrics_text(state, intake, dispatcher):
+    lines = []
+
+    def family(name, kind, doc, samples):
+        lines.append("# HELP %s %s" % (name, doc))
+        lines.append("# TYPE %s %s" % (name, kind))
+        for labels, value in samples:
+            lines.append("%s%s %s" % (name, labels, value))
+
+    family("fastdispatch_telegram_up", "gauge",
+           "1 while the bot takes updates, 0 while it drains.",
+           [("", 1 if state["running"] else 0)])
+    if isinstance(intake, WebhookApp):
+        with intake._lock:
+            st = dict(intake.stats)
+        family("fastdispatch_telegram_updates_total", "counter",
+               "Updates received, by what became of them.",
+               [('{outcome="handled"}', st["handled"]), ('{outcome="ignored"}', st["ignored"]),
+                ('{outcome="duplicate"}', st["duplicates"]),
+                ('{outcome="queue_full"}', st[429]),
+                ('{outcome="shutting_down"}', st[503] - st["in_progress"]),
+                ('{outcome="in_progress"}', st["in_progress"])])
+        lost = st["lost_replies"]
+    else:
+        family("fastdispatch_telegram_updates_total", "counter",
+               "Updates received, by what became of them.",
+               [('{outcome="handled"}', intake.handled), ('{outcome="ignored"}', intake.ignored),
+                ('{outcome="queue_full"}', intake.busy)])
+        family("fastdispatch_telegram_pending_updates", "gauge",
+               "Updates handled whose replies are not all sent yet (not confirmed).",
+               [("", intake.pending)])
+        family("fastdispatch_telegram_poll_errors_total", "counter",
+               "getUpdates calls that failed.", [("", intake.errors)])
+        lost = intake.lost_replies
+    family("fastdispatch_telegram_lost_replies_total", "counter",
+           "Replies refused (queue full) for updates answered all the same.", [("", lost)])
+    stats = getattr(dispatcher, "stats", None)
+    if callable(stats):
+        s = stats()
+        family("fastdispatch_telegram_replies_total", "counter",
+               "Replies ended, by outcome (the dispatcher's stats()).",
+               [('{outcome="%s"}' % k, getattr(s, k)) for k in
+                ("completed", "failed", "discarded", "cancelled", "timed_out")] +
+               [('{outcome="rejected"}', s.rejected)])
+        family("fastdispatch_telegram_replies_pending", "gauge",
+               "Replies queued or running now.",
+               [("", s.submitted - s.completed - s.failed - s.discarded - s.cancelled
+                 - s.timed_out)])
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _service_app(state, intake, dispatcher, url_path=None, health_path="/healthz",
+                 metrics_path="/metrics", metrics=None):
+    """The WSGI app the helpers serve: the webhook at ``url_path``, health
+    and metrics beside it, 404 elsewhere."""
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO") or "/"
+        try:
+            if url_path is not None and path == url_path:
+                return intake(environ, start_response)
+            if path == health_path:
+                status = "200 OK" if state["running"] else "503 Service Unavailable"
+                body = json.dumps({"status": "ok" if state["running"] else "draining",
+                                   "mode": state["mode"]}).encode() + b"\n"
+                ctype = "application/json"
+            elif path == metrics_path:
+                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                body = _metrics_text(state, intake, dispatcher)
+                if metrics is not None:
+                    from prometheus_client import generate_latest
+                    body += generate_latest(metrics)
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"404 Not Found\n"
+        except Exception:  # never into the server
+            _log.exception("health/metrics endpoint failed")
+            status, ctype, body = "500 Internal Server Error", "text/plain", b"500\n"
+        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
+class _Server:
+    """cheroot serving ``app`` on a thread of its own."""
+
+    def __init__(self, app, listen, port, threads, ssl_certfile=None, ssl_keyfile=None):
+        try:
+            from cheroot import wsgi
+        except ImportError:
+            raise ImportError("the webhook and health server need cheroot: pip install "
+                              "'fastdispatch[telegram,webhook]'") from None
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError("port must be an int in 0..65535, got %r" % (port,))
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError("threads must be a positive int, got %r" % (threads,))
+        self._server = wsgi.Server((listen, port), app, numthreads=threads,
+                                   server_name="fastdispatch")
+        self._server.shutdown_timeout = 5
+        if ssl_certfile is not None:
+            from cheroot.ssl.builtin import BuiltinSSLAdapter
+            self._server.ssl_adapter = BuiltinSSLAdapter(ssl_certfile, ssl_keyfile)
+        self._server.prepare()  # binds now: a port in use fails here, not later
+        self.port = self._server.bind_addr[1]
+        self._thread = threading.Thread(target=self._serve, name="fastdispatch-webhook-server",
+                                        daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        try:
+            self._server.serve()
+        except BaseException:  # noqa: B902 - logged, and run_* notices the thread ended
+            _log.exception("the web server stopped")
+
+    @property
+    def alive(self):
+        return self._thread.is_alive()
+
+    def stop(self):
+        self._server.stop()
+        self._thread.join(10)
+
+
+def _call_bot_api(sender, method, params):
+    try:
+        return sender.call(method, params)
+    except Exception as exc:
+        _log.error("%s failed: %s", method, exc)
+        raise
+
+
+def _check_drain_timeout(drain_timeout):
+    if drain_timeout is None:
+        return None
+    if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, (int, float)) or \
+            not 0 <= drain_timeout <= 86400:
+        raise ValueError("drain_timeout must be None or seconds in [0, 86400], got %r"
+                         % (drain_timeout,))
+    return float(drain_timeout)
+
+
+def _check_parts(engine, sender):
+    if not isinstance(sender, TelegramSender):
+        raise TypeError("sender must be a TelegramSender")
+    if not callable(getattr(engine, "process_event", None)):
+        raise TypeError("engine must have a process_event(event, sender, capabilities) method")
+
+
+def _wind_up(state, stopper, server):
+    state["running"] = False
+    stopper.restore()
+    if server is not None:
+        server.stop()
+
+
+def _reported(report, on_shutdown):
+    if on_shutdown is not None:
+        on_shutdown(report)
+    return report.exit_code
+
+
+# -- the helpers -----------------------------------------------------------------
+
+def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30,
+                limit: int = 100, allowed_updates: Optional[List[str]] = None,
+                delete_webhook: bool = True, drop_pending_updates: bool = False,
+                on_conflict: str = "stop", drain_timeout: Optional[float] = 30.0,
+                health_port: Optional[int] = None, health_listen: str = "127.0.0.1",
+                metrics: Any = None, stop: Optional[threading.Event] = None,
+                handle_signals: bool = True,
+                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
+    """Run a bot on ``getUpdates`` long polling until SIGTERM/SIGINT (or
+    ``stop`` is set, or the poller stops by itself); return the exit status.
+
+    ``sys.exit(run_polling(engine, sender))``.  At start, ``deleteWebhook``
+    (``delete_webhook=True``; with ``drop_pending_updates`` Telegram also
+    forgets the updates waiting for the bot).  The poller is a
+    :class:`TelegramPoller` (at least once: an update is confirmed only once
+    its replies went out; its options are passed through).  On a signal:
+    the poller stops, replies drain for up to ``drain_timeout`` seconds,
+    the settled updates are confirmed, and what was left is reported (see
+    :func:`drain_engine`).  ``health_port``: serve ``/healthz`` and
+    ``/metrics`` there (``metrics``: a prometheus_client registry or
+    collector whose text is appended).  ``on_shutdown(report)`` gets the
+    :class:`ShutdownReport`.  Signal handlers are installed only when
+    called from the main thread (``handle_signals=False``: none).
+    """
+    _check_parts(engine, sender)
+    drain_timeout = _check_drain_timeout(drain_timeout)
+    poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
+                            allowed_updates=allowed_updates, on_conflict=on_conflict)
+    stopper = _Stopper(stop, handle_signals)
+    state = {"running": True, "mode": "polling"}
+    server = None
+    try:
+        if health_port is not None:
+            server = _Server(_service_app(state, poller, engine.dispatcher, metrics=metrics),
+                             health_listen, health_port, 2)
+            _log.info("health and metrics on http://%s:%d/healthz and /metrics",
+                      health_listen, server.port)
+        if delete_webhook or drop_pending_updates:
+            try:
+                _call_bot_api(sender, "deleteWebhook",
+                              {"drop_pending_updates": bool(drop_pending_updates)})
+            except Exception:
+                pass  # the poller meets the 409 if a webhook is really still set
+        poller.start()
+        _log.info("polling for updates (SIGTERM or SIGINT to stop)")
+        stopper.wait(lambda: poller.running)
+        state["running"] = False
+        started = monotonic()
+        poller.stop(drain_timeout)  # the update in hand finishes first
+        if drain_timeout is not None:
+            drain_timeout = max(0.0, drain_timeout - (monotonic() - started))
+        error = None if poller.error is None else str(poller.error)
+        report = drain_engine(engine, drain_timeout, intake=poller, on_deadline=poller.freeze,
+                              force=stopper.force, error=error)
+        poller.confirm()
+    finally:
+        _wind_up(state, stopper, server)
+    return _reported(report, on_shutdown)
+
+
+def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1",
+                port: int, url_path: str = "/telegram", webhook_url: Optional[str] = None,
+                secret_token: Optional[str] = None, drop_pending_updates: bool = False,
+                allowed_updates: Optional[List[str]] = None,
+                max_connections: Optional[int] = None, delete_webhook_on_exit: bool = False,
+                drain_timeout: Optional[float] = 30.0, threads: int = 8,
+                health_path: str = "/healthz", metrics_path: str = "/metrics",
+                metrics: Any = None, ssl_certfile: Optional[str] = None,
+                ssl_keyfile: Optional[str] = None, remember: int = 100_000,
+                remember_seconds: float = 600.0, stop: Optional[threading.Event] = None,
+                handle_signals: bool = True,
+                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
+    """Serve Telegram's webhook until SIGTERM/SIGINT (or ``stop`` is set);
+    return the exit status.
+
+    ``sys.exit(run_webhook(engine, sender, listen="0.0.0.0", port=8443,
+    webhook_url="https://bot.example.com/telegram"))``.  Serves
+    :func:`webhook_app` at ``url_path`` (and ``/healthz``, ``/metrics``
+    beside it) on ``listen:port`` with cheroot, ``threads`` request threads
+    (TLS with ``ssl_certfile``/``ssl_keyfile``, or behind a proxy that
+    terminates it).  With ``webhook_url``, registers it (``setWebhook`` with
+    ``secret_token``, ``drop_pending_updates``, ``allowed_updates``,
+    ``max_connections``); without ``secret_token`` a random one is made for
+    it.  On a signal: new updates are answered 503 (Telegram delivers them
+    again, to the next process), replies drain for up to ``drain_timeout``
+    seconds, what was left is reported (:func:`drain_engine`), the server
+    stops; ``deleteWebhook`` only with ``delete_webhook_on_exit`` (a
+    restart should keep receiving).
+    """
+    _check_parts(engine, sender)
+    drain_timeout = _check_drain_timeout(drain_timeout)
+    if not isinstance(url_path, str) or not url_path.startswith("/"):
+        raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
+    if url_path in (health_path, metrics_path):
+        raise ValueError("url_path must differ from health_path and metrics_path")
+    if secret_token is None and webhook_url is not None:
+        secret_token = secrets.token_urlsafe(32)  # only [A-Za-z0-9_-]: what Telegram takes
+    elif secret_token is None:
+        _log.warning("run_webhook without secret_token: anyone who finds the URL can post "
+                     "updates to the bot")
+    app = webhook_app(engine, sender, secret_token, remember=remember,
+                      remember_seconds=remember_seconds)
+    stopper = _Stopper(stop, handle_signals)
+    state = {"running": True, "mode": "webhook"}
+    server = None
+    try:
+        server = _Server(_service_app(state, app, engine.dispatcher, url_path, health_path,
+                                      metrics_path, metrics),
+                         listen, port, threads, ssl_certfile, ssl_keyfile)
+        if webhook_url is not None:
+            params = {"url": webhook_url, "secret_token": secret_token,
+                      "drop_pending_updates": bool(drop_pending_updates)}
+            if allowed_updates is not None:
+                params["allowed_updates"] = list(allowed_updates)
+            if max_connections is not None:
+                params["max_connections"] = max_connections
+            _call_bot_api(sender, "setWebhook", params)
+        _log.info("webhook on http://%s:%d%s (SIGTERM or SIGINT to stop)", listen, server.port,
+                  url_path)
+        stopper.wait(lambda: server.alive)
+        state["running"] = False
+        error = None if server.alive else "the web server stopped"
+        app.close()
+        report = drain_engine(engine, drain_timeout, intake=app, force=stopper.force,
+                              error=error)
+        if delete_webhook_on_exit:
+            try:
+                _call_bot_api(sender, "deleteWebhook", {"drop_pending_updates": False})
+            except Exception:
+                pass
+    finally:
+        _wind_up(state, stopper, server)
+    return _reported(report, on_shutdown)
