@@ -4,7 +4,7 @@
 #
 #   bash tools/dev.sh demo    # python -m fastdispatch demo
 #   bash tools/dev.sh test    # the whole test suite, on both cores
-#   bash tools/dev.sh bench   # the pytest-benchmark suite in bench/
+#   bash tools/dev.sh bench   # the pytest-benchmark suite (fastdispatch.bench.suite, bench/)
 #   PYTHON=python3.13t bash tools/dev.sh freethreaded   # suite + soak, GIL off
 #
 # VENV (default .venv) and PYTHON (default python3) choose where and with
@@ -173,5 +173,7 @@ case "$cmd" in
     fi
     exit "$rc" ;;
   bench)
-    exec "$py" -m pytest bench/ --benchmark-only "$@" ;;
+    # The suite shipped with the package (as a user runs it), then the design
+    # benchmarks of bench/.
+    exec "$py" -m pytest --pyargs fastdispatch.bench.suite bench/ --benchmark-only "$@" ;;
 esac
