@@ -537,7 +537,7 @@ def test_latency_histogram_counts_every_started_task_on_both_cores(make_dispatch
     queue, run, queue_sum, run_sum = (values[:width], values[width:2 * width],
                                       values[-2], values[-1])
     assert sum(queue) == sum(run) == 8          # 6 sleepers, the gate, the one behind it
-    assert run[2] >= 6                          # 20 ms sends: in (0.01, 0.05]
+    assert sum(run[2:]) >= 6                    # 20 ms sends: above 0.01 s, however slow
     assert 6 * 0.02 <= run_sum < 10.0
     assert queue_sum >= 0.0
     with pytest.raises(ValueError):

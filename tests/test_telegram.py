@@ -39,6 +39,7 @@ from fastdispatch.telegram import (
     update_to_event,
     webhook_app,
 )
+from fastdispatch.telegram import _sender as telegram_sender_module
 from fastdispatch.testing import FakeTelegramServer
 
 TOKEN = "123456:SECRET-token_value"
@@ -136,7 +137,7 @@ def test_a_timeout_is_a_connection_error_and_comes_from_sc_remaining(server, sen
     server.inject("delay", seconds=3)
     t0 = time.monotonic()
     exc = failure(send, sender, remaining=0.3)
-    assert isinstance(exc, TelegramNetworkError) and "Timeout" in exc.reason
+    assert isinstance(exc, TelegramNetworkError) and "deadline" in exc.reason
     assert time.monotonic() - t0 < 2.5
 
 
@@ -262,22 +263,23 @@ def test_optional_protocols_and_capabilities(server, sender):
         assert isinstance(sender, protocol)
     assert sender.capabilities() == Capabilities(delete_message=True, typing=True,
                                                  group_members=True, mute=True)
-    sent = send(sender, "-100", "to delete")
-    assert sender.delete_message("-100", sent.message_id) is True
-    assert server.deleted == [("-100", 1)]
-    assert sender.send_typing("-100") is True
-    assert server.chat_actions == [("-100", "typing")]
-    server.set_chat_administrators(-100, [
+    sent = send(sender, "-1001234567890", "to delete")
+    assert sender.delete_message("-1001234567890", sent.message_id) is True
+    assert server.deleted == [("-1001234567890", 1)]
+    assert sender.send_typing("-1001234567890") is True
+    assert server.chat_actions == [("-1001234567890", "typing")]
+    server.set_chat_administrators(-1001234567890, [
         {"id": 7, "is_bot": False, "first_name": "Ada", "last_name": "L"},
         {"id": 8, "is_bot": False, "first_name": "", "username": "bob"}])
-    assert sender.get_group_members("-100") == [SenderInfo("7", "Ada L"), SenderInfo("8", "bob")]
+    assert sender.get_group_members("-1001234567890") == [  # the bot, an administrator, is listed too
+        SenderInfo("7", "Ada L"), SenderInfo("8", "bob"), SenderInfo("123456", "Fake Bot")]
     t0 = time.time()
-    assert sender.mute("-100", "7", 5) is True
+    assert sender.mute("-1001234567890", "7", 5) is True
     chat, user, until, perms = server.restrictions[0]
-    assert (chat, user) == ("-100", 7) and perms["can_send_messages"] is False
+    assert (chat, user) == ("-1001234567890", 7) and perms["can_send_messages"] is False
     assert until >= t0 + 30  # Telegram: under 30 s means forever, so at least 30 s
     with pytest.raises(ValueError, match="seconds"):
-        sender.mute("-100", "7", 0)
+        sender.mute("-1001234567890", "7", 0)
     assert sender.get_me()["is_bot"] is True
 
 
@@ -678,3 +680,296 @@ def test_errors_survive_pickling_with_their_fields():
         400, "Bad Request: x", {"a": 1}, "sendMessage")
     net = pickle.loads(pickle.dumps(TelegramNetworkError("sendMessage", "reset", 502)))
     assert (net.method, net.reason, net.status) == ("sendMessage", "reset", 502)
+
+
+# -- every call has a total deadline ----------------------------------------------
+
+class DribblingServer:
+    """A real server on 127.0.0.1 that answers one byte every ``pause``
+    seconds: from the status line on (``part="head"``) or after quick
+    headers (``part="body"``).  It stops by itself when the client goes."""
+
+    def __init__(self, part, pause=0.1, size=200):
+        self.part, self.pause, self.size = part, pause, size
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.base_url = "http://127.0.0.1:%d" % self.port
+        self.closed = threading.Event()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _serve(self, conn):
+        body = b'{"ok":true,"result":{"message_id":1,"pad":"' + b"x" * self.size + b'"}}'
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" \
+            % len(body)
+        try:
+            conn.recv(65536)
+            if self.part == "body":
+                conn.sendall(head)
+                slow = body
+            else:
+                slow = head + body
+            for i in range(len(slow)):
+                if self.closed.wait(self.pause):
+                    break
+                conn.sendall(slow[i:i + 1])
+        except OSError:
+            pass  # the client gave up: what the test wants
+        finally:
+            conn.close()
+
+    def close(self):
+        self.closed.set()
+        self.sock.close()
+        for t in self.threads:
+            t.join(5)
+
+
+@pytest.fixture(params=["head", "body"])
+def dribbling(request):
+    server = DribblingServer(request.param)
+    yield server
+    server.close()
+
+
+def test_a_send_ends_at_its_deadline_however_slowly_the_server_answers(dribbling):
+    # Each byte comes well within any per-read timeout; the whole answer
+    # would take ~25 s.  The deadline is the send's remaining time.
+    sender = TelegramSender(TOKEN, base_url=dribbling.base_url)
+    t0 = time.monotonic()
+    exc = failure(send, sender, remaining=1.0)
+    took = time.monotonic() - t0
+    assert isinstance(exc, TelegramNetworkError) and "deadline" in exc.reason, exc
+    assert took < 3.0, took  # 1 s and the time to notice, not the ~25 s of the answer
+    sender.close()
+
+
+def test_calls_without_a_send_context_end_at_the_senders_timeout(dribbling):
+    sender = TelegramSender(TOKEN, base_url=dribbling.base_url, timeout=0.5)
+    for call in (sender.get_me, lambda: sender.call("getChat", {"chat_id": 1}),
+                 lambda: sender.send_typing("1")):
+        t0 = time.monotonic()
+        exc = failure(call)
+        assert isinstance(exc, TelegramNetworkError) and "deadline" in exc.reason
+        assert time.monotonic() - t0 < 2.5
+    conn = sender._connect(0.5)  # the poller's own connection: the same deadline
+    t0 = time.monotonic()
+    exc = failure(sender._call_on, conn, "getUpdates", {"timeout": 0}, 0.5)
+    assert isinstance(exc, TelegramNetworkError) and time.monotonic() - t0 < 2.5
+    conn.close()
+    sender.close()
+
+
+def test_the_deadline_watchdog_does_not_cut_a_connection_after_its_call_ended(server, sender):
+    # Many short calls with short deadlines on the same keep-alive
+    # connections: a watchdog that cut a connection after its call was over
+    # would fail a later call that took it from the pool.
+    for i in range(300):
+        assert sender.call("sendMessage", {"chat_id": 5, "text": str(i)}, timeout=0.05 + (i % 3)
+                           * 0.001)["message_id"] == i + 1
+    time.sleep(0.1)
+    assert send(sender, "5", "last").message_id == "301"
+    assert server.stats()["connections"] == 1
+
+
+# -- every number in an answer is outside input ------------------------------------
+
+class CannedServer:
+    """A real local HTTP server that answers each request with the next
+    canned ``(status, body)`` (the last one again when they run out) and
+    records the JSON it received."""
+
+    def __init__(self, *answers):
+        import http.server
+
+        self.answers = list(answers)
+        self.received = []
+        canned = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                canned.received.append((self.path.rsplit("/", 1)[1], json.loads(body or b"{}")))
+                status, data = canned.answers.pop(0) if len(canned.answers) > 1 \
+                    else canned.answers[0]
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.base_url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def too_many(retry_after_json):
+    return 429, (b'{"ok":false,"error_code":429,"description":"Too Many Requests",'
+                 b'"parameters":{"retry_after":%s}}' % retry_after_json)
+
+
+@pytest.mark.parametrize("value, seconds", [
+    (b"3", 3.0), (b"2.5", 2.5), (b"0", 0.0),
+    (b"1" + b"0" * 400, 86400.0),  # a 400-digit integer: once a bare OverflowError
+    (b"1e308", 86400.0), (b"Infinity", 86400.0),  # json.loads reads Infinity and NaN
+    (b"NaN", 1.0), (b"-5", 1.0), (b'"5"', 1.0), (b"true", 1.0), (b"null", 1.0), (b"[1]", 1.0),
+    (b"{}", 1.0),
+])
+def test_a_429s_retry_after_always_becomes_a_bounded_retry_after(value, seconds):
+    with CannedServer(too_many(value)) as canned:
+        exc = failure(send, TelegramSender(TOKEN, base_url=canned.base_url))
+    assert type(exc) is RetryAfter and exc.seconds == seconds
+    assert 0 <= exc.seconds <= telegram_sender_module.MAX_RETRY_AFTER
+
+
+@pytest.mark.parametrize("answer, kind", [
+    # error_code: a huge or odd one falls back to the HTTP status
+    ((400, b'{"ok":false,"error_code":1' + b"0" * 400 + b',"description":"x"}'), PlatformError),
+    ((403, b'{"ok":false,"error_code":-1,"description":"x"}'), PlatformError),
+    ((502, b'{"ok":false,"error_code":"502","description":"x"}'), TelegramNetworkError),
+    # a number past Python's int-from-text digit limit: not a Bot API answer
+    ((200, b'{"ok":true,"result":{"message_id":1' + b"0" * 5000 + b"}}"), PlatformError),
+    # a huge description is cut
+    ((400, b'{"ok":false,"error_code":400,"description":"' + b"d" * 100000 + b'"}'),
+     PlatformError),
+])
+def test_every_number_an_answer_holds_maps_to_a_documented_error(answer, kind):
+    with CannedServer(answer) as canned:
+        exc = failure(send, TelegramSender(TOKEN, base_url=canned.base_url))
+    assert type(exc) is kind, exc
+    if isinstance(exc, PlatformError):
+        assert exc.status == answer[0] and len(exc.description) <= 1003
+    assert len(str(exc)) < 1200
+
+
+@pytest.mark.parametrize("message_id", [b'"abc"', b"true", b"1.5", b"[1]", b"null"])
+def test_a_message_id_that_is_not_an_integer_is_no_message_id(message_id):
+    with CannedServer((200, b'{"ok":true,"result":{"message_id":%s}}' % message_id)) as canned:
+        assert send(TelegramSender(TOKEN, base_url=canned.base_url)).message_id == ""
+
+
+# -- a group that became a supergroup -----------------------------------------------
+
+def test_a_send_to_a_migrated_group_is_resent_to_the_supergroup_and_reported(server):
+    reported = []
+    sender = TelegramSender(TOKEN, base_url=server.base_url,
+                            on_migrate=lambda old, new: reported.append((old, new)))
+    new = server.migrate_chat(-4123)
+    result = send(sender, "-4123", "first")
+    assert result.raw["chat"]["id"] == new and result.message_id == "2"  # 1: the service message
+    assert reported == [("-4123", str(new))]
+    assert sender.migrated_chat_id("-4123") == str(new) == sender.migrated_chat_id(-4123)
+    assert sender.migrations() == {"-4123": str(new)}
+    send(sender, "-4123", "second")  # straight to the supergroup: no second 400
+    assert sender.send_typing("-4123") is True
+    assert server.stats()["status_400"] == 1 and reported == [("-4123", str(new))]
+    assert [m.text for m in server.messages(new)] == ["first", "second"]
+    assert server.chat_actions == [(str(new), "typing")]
+
+
+def test_a_migration_without_on_migrate_is_logged_as_a_warning(server, sender, caplog):
+    new = server.migrate_chat(-88)
+    with caplog.at_level(logging.WARNING, logger="fastdispatch.telegram"):
+        assert send(sender, "-88", "x").raw["chat"]["id"] == new
+    assert any("-88" in r.getMessage() and str(new) in r.getMessage() for r in caplog.records)
+
+
+def test_an_on_migrate_that_raises_does_not_fail_the_send(server, caplog):
+    def hook(old, new):
+        raise RuntimeError("user code")
+    sender = TelegramSender(TOKEN, base_url=server.base_url, on_migrate=hook)
+    server.migrate_chat(-89)
+    with caplog.at_level(logging.ERROR, logger="fastdispatch.telegram"):
+        assert send(sender, "-89", "x").message_id
+    assert any("on_migrate" in r.getMessage() for r in caplog.records)
+
+
+def test_calls_about_a_message_of_the_old_group_are_not_resent(server, sender):
+    send(sender, "-90", "x")
+    new = server.migrate_chat(-90)
+    exc = failure(sender.delete_message, "-90", "1")  # message 1 lives in the old group
+    assert isinstance(exc, PlatformError) and exc.parameters == {"migrate_to_chat_id": new}
+    assert sender.migrated_chat_id("-90") == str(new)  # but the mapping is learned
+    assert server.deleted == []
+
+
+def test_the_migration_memory_is_bounded_oldest_first(server):
+    sender = TelegramSender(TOKEN, base_url=server.base_url, max_migrations=2,
+                            on_migrate=lambda old, new: None)
+    for group in (-1, -2, -3):
+        server.migrate_chat(group)
+        send(sender, str(group), "x")
+    assert list(sender.migrations()) == ["-2", "-3"]
+
+
+@pytest.mark.parametrize("target", [b'"abc"', b"true", b"12", b"0", b"-1" + b"0" * 30, b"null"])
+def test_a_migrate_to_chat_id_that_is_not_a_supergroup_id_is_a_platform_error(target):
+    answer = (400, b'{"ok":false,"error_code":400,"description":"Bad Request: group chat was '
+                   b'upgraded to a supergroup chat","parameters":{"migrate_to_chat_id":%s}}'
+              % target)
+    with CannedServer(answer) as canned:
+        exc = failure(send, TelegramSender(TOKEN, base_url=canned.base_url), "-5")
+        assert isinstance(exc, PlatformError) and len(canned.received) == 1
+
+
+def test_a_server_that_keeps_migrating_is_followed_a_bounded_number_of_times():
+    answers = [(400, b'{"ok":false,"error_code":400,"description":"Bad Request: group chat was '
+                     b'upgraded to a supergroup chat","parameters":{"migrate_to_chat_id":-10%d}}'
+                % (10 ** 11 + i)) for i in range(10)]
+    with CannedServer(*answers) as canned:
+        exc = failure(send, TelegramSender(TOKEN, base_url=canned.base_url,
+                                           on_migrate=lambda old, new: None), "-5")
+        assert isinstance(exc, PlatformError) and len(canned.received) == 3
+        assert [params["chat_id"] for _, params in canned.received][0] == "-5"
+
+
+def test_50_queued_messages_to_a_group_that_migrates_mid_stream_all_arrive_once_in_order(impl):
+    from fastdispatch import Pacing, RateLimit, RetryPolicy
+
+    limit = RateLimit(10, per=0.1)
+    with FakeTelegramServer(group_limit=limit, tolerance=0.02, exact_retry_after=True) as server:
+        reported = []
+        sender = TelegramSender(TOKEN, base_url=server.base_url,
+                                on_migrate=lambda old, new: reported.append((old, new)))
+        new = server.migrate_chat(-4123, after=20)  # after the 20th message has arrived
+        d = impl.OutboundDispatcher(max_inflight=8, pacing=Pacing(chat_limit=limit),
+                                    retry=RetryPolicy(max_attempts=5), send_timeout=10.0)
+        texts = ["m%02d" % i for i in range(50)]
+        futures = [d.submit("-4123", lambda sc, t=t: sender.send(
+            sc, SendRequest(ChatInfo("-4123", is_group=True), TextMessage(t))))
+            for t in texts]
+        assert d.shutdown(timeout=60)
+        results = [f.result(timeout=0) for f in futures]
+        old_record = [m.text for m in server.messages(-4123)]
+        new_record = [m.text for m in server.messages(new)]
+    assert old_record == texts[:20]  # before the migration, in the group
+    assert new_record == texts[20:]  # every later one in the supergroup, once, in order
+    assert [r.raw["chat"]["id"] for r in results] == [-4123] * 20 + [new] * 30
+    assert reported == [("-4123", str(new))]

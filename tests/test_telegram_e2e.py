@@ -18,7 +18,7 @@ def numbers_per_chat(server, chats):
 
 def test_3000_messages_to_300_chats_arrive_in_order_through_429s_and_5xx(impl):
     chats = [str(1000 + i) if i % 10 else str(-1000 - i) for i in range(300)]
-    with FakeTelegramServer(seed=11) as server:
+    with FakeTelegramServer(seed=11, exact_retry_after=True) as server:
         # 429s, 5xx, connections dropped before the send (nothing arrived)
         # and after it (it arrived, the answer was lost: the one case where a
         # retry may deliver a message twice).
@@ -53,7 +53,7 @@ def test_3000_messages_to_300_chats_arrive_in_order_through_429s_and_5xx(impl):
 
 def test_paced_sends_meet_no_limit_and_keep_order(impl):
     limits = {"chat_limit": RateLimit(1, per=0.1), "global_limit": RateLimit(30, per=0.1)}
-    with FakeTelegramServer(**limits, tolerance=0.05) as server:
+    with FakeTelegramServer(**limits, tolerance=0.05, exact_retry_after=True) as server:
         sender = TelegramSender(TOKEN, base_url=server.base_url, pool_size=32)
         d = impl.OutboundDispatcher(max_inflight=32, pacing=Pacing(**limits),
                                     retry=RetryPolicy(max_attempts=10))
@@ -133,7 +133,7 @@ def test_an_echo_bot_behind_a_webhook_replies_in_order(impl):
         def log_message(self, *args):
             pass
 
-    with FakeTelegramServer() as server:
+    with FakeTelegramServer(exact_retry_after=True) as server:
         sender = TelegramSender(TOKEN, base_url=server.base_url)
         engine = Engine(impl.OutboundDispatcher(max_inflight=8, retry=RetryPolicy()))
 

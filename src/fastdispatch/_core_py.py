@@ -15,16 +15,16 @@ Locks, and what each protects:
   the map when its last chat leaves.
 - ``_pool_lock``: the ready list (chats that have work but no worker), the
   idle-worker stack and the thread count.
-- ``_run_lock`` (the timer's lock): everything the timer thread looks at —
-  the registry of running tasks (the deadline schedule), the wake-up
-  schedule of parked chats, the rate-limit windows, the line of chats
-  waiting for the global limit, the global pause, and the timer thread's
-  sleep state.
+- ``_run_lock`` (the timer's lock): the registry of running tasks (the
+  deadline schedule), ``_forced``, and the timer thread's sleep state.
+- ``_Limiter.lock``: all of pacing (windows, the global line and pause,
+  the wake-up schedule of parked chats); its class says more.
 - ``_count_lock``: the counters (the C twin uses atomic integers instead).
 
-The only nesting is ``_map_lock`` inside a queue lock (when the last chat
-leaves the map); nothing takes them the other way round, so there is no lock
-order to get wrong.
+Nesting: a queue lock is held around ``_map_lock`` (when the last chat
+leaves the map) and around the limiter's lock (admitting a start); the
+limiter's lock is held around the timer's (to wake it).  Nothing takes them
+the other way round, and the timer thread takes each alone.
 """
 
 import heapq
@@ -34,6 +34,8 @@ import sys
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures._base import CANCELLED as _CANCELLED
+from concurrent.futures._base import CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED
+from concurrent.futures._base import PENDING as _PENDING
 from time import monotonic
 
 from ._errors import (
@@ -58,6 +60,7 @@ _DONE, _PANICKED, _RETRYING, _FORCED = 0, 1, 2, 3
 # What _next_paced returns besides a task: parked, or look again.
 _PARKED, _AGAIN = object(), object()
 _INF = float("inf")
+_TIMEOUT_MAX = threading.TIMEOUT_MAX
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
 
@@ -111,7 +114,8 @@ class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
 
     __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
-                 "not_before", "granted", "waited", "window")
+                 "not_before", "granted", "waited", "window", "reserved",
+                 "stamped", "last_start")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -128,54 +132,88 @@ class ChatQueue(RingBuffer):
         # Guarded by ``lock``.
         self.retry_item = None
         # The pacing fields below belong to whoever owns the chat (its
-        # worker, or the timer while it is parked); _run_lock when shared.
+        # worker, or the timer while it is parked); the limiter's lock when
+        # shared.
         self.not_before = 0.0    # monotonic time before which it may not start
         self.granted = False     # holds a start granted by the global line
         self.waited = False      # its next start had to wait for a limit
         self.window = None       # its rate-limit window, while alive
+        # The start admitted but not yet made (see _Limiter): which windows
+        # hold a place for it (_CHAT | _GLOBAL).
+        self.reserved = 0
+        self.stamped = None      # the chat window its last start went into
+        self.last_start = 0.0    # ... and when
 
 
 class _Window:
     """The last ``count`` start times of one rate limit (a sliding window).
 
     A start is allowed at ``t`` when fewer than ``count`` starts fall in
-    ``(t - per, t]``: the window holds at most ``count`` stamps, so that is
-    ``len < count or stamps[0] <= t - per``.  Guarded by ``_run_lock``.
+    ``(t - per, t]``.  Besides the stamps of starts made, it counts
+    ``pending`` starts: admitted, not yet made (the task is about to be
+    called).  Their time is not known yet, so they count as inside every
+    window until they are stamped (``commit``) or given back (``release``).
+    The window keeps the ``count + 1`` newest stamps, oldest first.
+    Guarded by the limiter's lock.
     """
 
-    __slots__ = ("count", "per", "stamps", "dead", "key", "expiry", "entries")
+    __slots__ = ("count", "per", "stamps", "pending", "dead", "key", "entries", "born")
 
     def __init__(self, limit, key=None):
         self.key = key
-        self.expiry = None      # the timer's deque of windows of this period
-        self.entries = 0        # how many times this window is in it
+        self.entries = 0        # how many times this window is on the expiry list
         if limit is None:
             # A chat without a limit: remembered only so that ``limit_for``
             # is not asked again at every start.
             self.count, self.per = 0, 1.0
         else:
             self.count, self.per = limit.count, limit.per
-        self.stamps = deque(maxlen=max(1, self.count))
+        # One stamp more than the limit needs: after pop_newest the window
+        # still knows the ``count`` newest starts made before it.
+        self.stamps = deque(maxlen=self.count + 1)
+        self.pending = 0
         self.dead = False
+        self.born = 0.0         # when the limiter made it (its "last start" until one)
 
     def next_start(self, granted=0):
-        """Earliest time at which ``granted + 1`` more starts are allowed."""
+        """Earliest time at which ``granted + 1`` more starts are allowed.
+
+        Infinite when the pending starts alone fill the window: the next
+        start then waits for one of them to be made (which wakes the timer).
+        """
         count = self.count
         if not count:
             return 0.0
         stamps = self.stamps
-        m = len(stamps) - count + granted + 1
+        m = len(stamps) + self.pending - count + granted + 1
         if m <= 0:
             return 0.0
         if m > len(stamps):
-            return _INF  # more grants than the limit: never (not reached)
+            return _INF
         return stamps[m - 1] + self.per
 
     def last(self):
-        return self.stamps[-1] if self.stamps else 0.0
+        return self.stamps[-1] if self.stamps else self.born
 
     def add(self, t):
         self.stamps.append(t)
+
+    def reserve(self):
+        self.pending += 1
+
+    def commit(self, t):
+        """A reserved start was made at ``t`` (no earlier than any stamp)."""
+        self.pending -= 1
+        self.stamps.append(t)
+
+    def release(self):
+        """A reserved start will not be made."""
+        self.pending -= 1
+
+    def pop_newest(self):
+        """Forget the newest stamp (a start the platform refused)."""
+        if self.stamps:
+            self.stamps.pop()
 
 
 class SendContext:
@@ -208,6 +246,17 @@ class SendContext:
     def attempt(self):
         """Which attempt of the task this is: 1 for the first run."""
         return self._attempt
+
+    @property
+    def started(self):
+        """``time.monotonic()`` value at which this attempt was called, or None.
+
+        Taken right before the call, after ``on_start``: with pacing, it is
+        the very stamp the rate-limit windows hold.  None when the
+        dispatcher has no pacing, no ``send_timeout`` and no ``on_done`` hook
+        (it then reads no clock per task), or outside a dispatcher.
+        """
+        return self._t_start or None
 
     @property
     def deadline(self):
@@ -369,6 +418,40 @@ def _settle(future, exc):
 
 
 
+def _start_future(future):
+    """``future.set_running_or_notify_cancel()``: False if it was cancelled.
+
+    The caller holds the Future too and may have moved it on itself
+    (``set_running_or_notify_cancel()``, ``set_result()``): only a
+    cancellation skips the task; anything else leaves it to run (whatever
+    it returns is then dropped).
+    """
+    state = future._state
+    if state == _CANCELLED_AND_NOTIFIED:
+        return False
+    if state == _PENDING or state == _CANCELLED:
+        try:
+            return future.set_running_or_notify_cancel()
+        except RuntimeError:  # moved on by the caller meanwhile
+            return not future.cancelled()
+    return True
+
+
+def _finish_future(future, result, error):
+    """``set_result(result)``, or ``set_exception(error)`` if it is not None.
+
+    A Future the caller already resolved (or cancelled) keeps what it has:
+    the worker, the timer thread and the chat go on.
+    """
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except Exception:  # InvalidStateError
+        pass
+
+
 def _notify_cancelled(future):
     # concurrent.futures.wait() and as_completed() see a cancelled Future
     # only once set_running_or_notify_cancel() has moved it on to
@@ -376,6 +459,364 @@ def _notify_cancelled(future):
     # The worker does that for a task it pops; this is for the others.
     if future._state == _CANCELLED:
         future.set_running_or_notify_cancel()
+
+
+# Which windows hold a place for a chat's admitted start (ChatQueue.reserved).
+_CHAT, _GLOBAL = 1, 2
+# What _Limiter.admit returns.
+_START, _PARK, _REFETCH = 1, 0, -1
+
+
+class _Limiter:
+    """Pacing: everything that decides when a chat may start its next task.
+
+    The configured windows (each chat's, the global one), the line of chats
+    waiting their turn under the global limit, the global pause of a
+    ``RetryAfter(scope="global")``, the wake-up schedule of parked chats,
+    and the expiry list that forgets windows once their last start has left
+    them.  The core asks it once per start (``admit``), tells it when the
+    start is made (``commit``, right before the task is called: the limit
+    holds where the platform sees it) or will not be (``release``), and the
+    timer thread runs ``tick``.  No thread ever sleeps in here.
+
+    Lock: ``lock`` guards every field below, and the pacing fields of a
+    ``ChatQueue`` when the chat changes hands (its owner, a worker or the
+    timer's schedule, uses them otherwise).  It is taken inside a queue's
+    lock (``admit``), never the other way round, and the only lock taken
+    inside it is the timer's (``need_timer``, to wake the timer thread);
+    the timer thread takes it with nothing else held.
+
+    Starts in two steps.  ``admit`` reserves a place in each window the
+    start counts against (``_Window.pending``); ``commit`` stamps them with
+    the time of the call.  A start admitted but not yet made counts as
+    inside every window, so two chats cannot both take the last place, and a
+    slow ``on_start`` hook (or, for a coroutine task, the hop to its event
+    loop) cannot squeeze two calls closer than the window allows.
+    """
+
+    __slots__ = ("lock", "need_timer", "closed", "pause_until", "wakeups", "seq",
+                 "line", "granted", "glob", "chat_limit", "limit_for", "chat_limits",
+                 "configured", "windows", "expiry", "paced", "parked")
+
+    def __init__(self, pacing, need_timer):
+        self.lock = _allocate_lock()
+        self.need_timer = need_timer  # the core's _timer_needed(when)
+        self.closed = False           # force_close(): the line and schedule are gone
+        self.pause_until = 0.0        # a global RetryAfter: no start before this
+        self.wakeups = []             # heap of (time, seq, ChatQueue): parked chats
+        self.seq = 0
+        self.line = deque()           # chats waiting their turn under the global limit
+        self.granted = 0              # starts granted from the line, not yet taken
+        self.glob = None              # _Window of the global limit, or None
+        self.chat_limit = self.limit_for = None
+        self.chat_limits = False      # chats have windows (chat_limit or limit_for)
+        if pacing is not None:
+            if pacing.global_limit is not None:
+                self.glob = _Window(pacing.global_limit)
+            self.chat_limit = pacing.chat_limit
+            self.limit_for = pacing.limit_for
+            self.chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
+        # Whether every start must be admitted (else only a chat with a
+        # retry delay, or any chat during a global pause, is).
+        self.configured = self.glob is not None or self.chat_limits
+        self.windows = {}             # chat key -> _Window (outlives the chat's queue)
+        self.expiry = {}              # per -> deque of _Window, by last start
+        self.paced = self.parked = 0
+
+    # -- a chat's window --------------------------------------------------
+
+    def window_for(self, q):
+        """The chat's live window, made on first use (``limit_for`` runs
+        here, outside every lock; its failure is raised to the caller).
+
+        A window outlives the chat's queue until its last start leaves it;
+        the timer then forgets it.  Keyed like the chat map (a hash taken
+        once, an ``__eq__`` that cannot raise), by a key of its own: the
+        queue's key stops equalling others once the queue leaves the map.
+        """
+        chat_id = q.chat_id
+        key = q._key
+        if type(key) is _ChatKey:
+            key = _ChatKey(chat_id, key._hash)
+        window = self.windows.get(key)
+        if window is not None and not window.dead:
+            return window
+        limit = self.chat_limit
+        if self.limit_for is not None:
+            try:
+                own = self.limit_for(chat_id)
+            except Exception as exc:
+                raise TypeError("limit_for(%s) raised %s" % (
+                    _safe_repr(chat_id), type(exc).__name__)) from exc
+            if own is not None:
+                if not isinstance(own, RateLimit):
+                    raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
+                                    % (_safe_repr(chat_id), type(own).__name__))
+                limit = own
+        fresh = _Window(limit, key)
+        with self.lock:
+            window = self.windows.get(key)
+            if window is None or window.dead:
+                self.windows[key] = window = fresh
+                # On the expiry list from birth: a window whose chat never
+                # starts (force_close, a cancelled task) is forgotten too.
+                fresh.born = monotonic()
+                self._expire_later_locked(fresh)
+        return window
+
+    # -- one start: admit, then commit or release ---------------------------
+
+    def admit(self, q, window):
+        """May ``q`` start its next task now?  Else park it.
+
+        Called by the chat's owner with ``q.lock`` held.  Returns _START
+        (places reserved: ``q.reserved`` says where), _PARK (the chat is on
+        the wake-up schedule or in the line; the timer hands it back) or
+        _REFETCH (its window was forgotten meanwhile: fetch it again).
+        """
+        with self.lock:
+            if self.closed:
+                return _START  # force_close(): the core settles it as cancelled
+            if window is not None and window.dead:
+                q.window = None
+                return _REFETCH
+            now = monotonic()
+            # Time rules first: a retry delay, a global pause, the chat's
+            # own window.  A chat that must wait for them waits alone.
+            until = q.not_before
+            if self.pause_until:
+                if self.pause_until <= now:
+                    self.pause_until = 0.0  # over: back to the fast path
+                elif self.pause_until > until:
+                    until = self.pause_until
+            if window is not None and window.count:
+                t = window.next_start()
+                if t > until:
+                    until = t
+                    if t > now:
+                        q.waited = True
+            if until > now:
+                if q.granted:
+                    # Hand the granted start back to the line.
+                    q.granted = False
+                    self.granted -= 1
+                    self.need_timer(now)
+                self._park_locked(q, until)
+                return _PARK
+            q.not_before = 0.0
+            reserved = 0
+            # Then the global limit: chats take turns in one line.
+            glob = self.glob
+            if glob is not None:
+                if q.granted:
+                    q.granted = False
+                    self.granted -= 1
+                elif self.line or glob.next_start(self.granted) > now:
+                    q.waited = True
+                    self.line.append(q)
+                    self.parked += 1
+                    self.need_timer(glob.next_start(self.granted))
+                    return _PARK
+                glob.reserve()
+                reserved = _GLOBAL
+            if window is not None and window.count:
+                window.reserve()
+                reserved |= _CHAT
+            q.reserved = reserved
+            q.stamped = None
+            if q.waited:
+                q.waited = False
+                self.paced += 1
+        return _START
+
+    def commit(self, q):
+        """The start ``admit`` reserved is being made: stamp it, now.
+
+        Returns the stamp, which the task is called right after.
+        """
+        with self.lock:
+            t = monotonic()
+            reserved, q.reserved = q.reserved, 0
+            if self.closed:
+                return t  # force_close() dropped every window
+            if reserved & _CHAT:
+                window = q.window
+                window.commit(t)
+                self._expire_later_locked(window)
+                q.stamped, q.last_start = window, t
+            if reserved & _GLOBAL:
+                self.glob.commit(t)
+                self._line_changed_locked()
+        return t
+
+    def release(self, q):
+        """The start ``admit`` reserved will not be made (the task was
+        cancelled, or the dispatcher force-closed, before its call)."""
+        with self.lock:
+            reserved, q.reserved = q.reserved, 0
+            if self.closed:
+                return
+            if reserved & _CHAT:
+                window = q.window
+                window.release()
+                self._expire_later_locked(window)
+            if reserved & _GLOBAL:
+                self.glob.release()
+                self._line_changed_locked()
+
+    def _line_changed_locked(self):
+        # A pending global start was made or given back: the line's next
+        # grant may have become possible (it was infinitely far while the
+        # pending starts filled the window).  Every change that can make a
+        # grant due wakes the timer, which then never sleeps past it.
+        if self.line:
+            self.need_timer(self.glob.next_start(self.granted))
+
+    def _expire_later_locked(self, window):
+        # Put the window on the timer's list of windows to forget once
+        # their last start has left them (one entry per start, in start
+        # order).  The list of each ``per`` is looked up here and dropped by
+        # the timer once empty, so that the table does not grow with every
+        # distinct ``per`` ever seen.
+        expiry = self.expiry.get(window.per)
+        if expiry is None:
+            expiry = self.expiry[window.per] = deque()
+        if not expiry:
+            self.need_timer(window.last() + window.per)
+        expiry.append(window)
+        window.entries += 1
+
+    def retry_at(self, q, until, is_global, refused):
+        """The chat's next attempt may not start before ``until``.
+
+        ``refused``: the platform turned the attempt away (``RetryAfter``),
+        so it is not held against the chat's window as well: its stamp goes.
+        """
+        with self.lock:
+            if refused:
+                window = q.stamped
+                if (window is not None and not window.dead
+                        and window.last() == q.last_start):
+                    window.pop_newest()
+            q.stamped = None
+            if until > q.not_before:
+                q.not_before = until
+            if is_global and until > self.pause_until:
+                self.pause_until = until
+
+    def return_grant(self, q):
+        """The chat left without using the start the line granted it."""
+        with self.lock:
+            if q.granted and not self.closed:  # force_close() reset the line
+                q.granted = False
+                self.granted -= 1
+                if self.line:
+                    self.need_timer(0.0)
+
+    def _park_locked(self, q, until):
+        # Put an owned chat on the wake-up schedule.
+        self.seq += 1
+        heapq.heappush(self.wakeups, (until, self.seq, q))
+        self.parked += 1
+        self.need_timer(until)
+
+    # -- the timer's side -----------------------------------------------------
+
+    def tick(self, now, ready):
+        """Move parked chats whose time came to ``ready``, grant starts from
+        the global line, forget stale windows.  Return when to look again."""
+        with self.lock:
+            until = _INF
+            wakeups = self.wakeups
+            while wakeups:
+                if wakeups[0][0] > now:
+                    until = wakeups[0][0]
+                    break
+                ready.append(heapq.heappop(wakeups)[2])
+                self.parked -= 1
+            line = self.line
+            if line:
+                if self.pause_until > now:
+                    until = min(until, self.pause_until)
+                else:
+                    glob = self.glob
+                    while line and glob.next_start(self.granted) <= now:
+                        q = line.popleft()
+                        q.granted = True
+                        self.granted += 1
+                        self.parked -= 1
+                        ready.append(q)
+                    if line:
+                        # Infinite while pending starts fill the window:
+                        # their commit (or release) wakes the timer.
+                        until = min(until, glob.next_start(self.granted))
+            emptied = []
+            for per, expiry in self.expiry.items():
+                # An entry is stale when its window has later ones (it
+                # started again since) or a start pending (its commit or
+                # release adds a new entry).
+                while expiry:
+                    window = expiry[0]
+                    if window.entries == 1 and not window.pending:
+                        t = window.last() + per
+                        if t > now:
+                            until = min(until, t)
+                            break
+                        self._forget_window_locked(window)
+                    window.entries -= 1
+                    expiry.popleft()
+                if not expiry:
+                    emptied.append(per)
+            for per in emptied:
+                del self.expiry[per]
+            return until
+
+    def _forget_window_locked(self, window):
+        # Its last start left the window: the chat's limit no longer
+        # constrains anything, so the window goes (a chat's next start makes
+        # a new one).  The chat id's __hash__/__eq__ run here: whatever they
+        # do, the timer goes on (the entry is then simply kept).
+        window.dead = True
+        try:
+            if self.windows.get(window.key) is window:
+                del self.windows[window.key]
+                if not self.windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self.windows.clear()
+        except BaseException:
+            logger.exception("could not forget the rate-limit window of a chat")
+
+    def cancel_all(self):
+        """force_close(): empty the schedule and the line; return the chats
+        that were on them (owned by nobody now)."""
+        with self.lock:
+            self.closed = True
+            parked = [entry[2] for entry in self.wakeups]
+            parked.extend(self.line)
+            self.wakeups = []
+            self.line.clear()
+            self.parked = self.granted = 0
+            self.pause_until = 0.0
+            # Nothing starts any more: no window can constrain anything.
+            for window in self.windows.values():
+                window.dead = True
+            self.windows.clear()
+            self.expiry.clear()
+        return parked
+
+    def counters(self):
+        with self.lock:
+            return self.paced, self.parked
+
+    def state(self):
+        with self.lock:
+            return {"windows": len(self.windows),
+                    "expiry": sum(len(e) for e in self.expiry.values()),
+                    "expiry_lists": len(self.expiry),
+                    "wakeups": len(self.wakeups), "line": len(self.line),
+                    "granted": self.granted, "parked": self.parked,
+                    "pending": self.glob.pending if self.glob is not None else 0}
 
 
 class DispatcherCore:
@@ -403,16 +844,11 @@ class DispatcherCore:
         self._timer_started = False
         self._timer_stop = False
         self._timer_until = _INF      # when the sleeping timer wakes by itself
-        # Pacing and retries; all guarded by _run_lock (the timer's lock).
+        # The earliest need that arrived while the timer was awake (it looks
+        # at the limiter outside _run_lock): seen when it decides to sleep.
+        self._timer_next = _INF
         self._forced = False          # force_close() ran: nothing starts any more
-        self._pause_until = 0.0       # a global RetryAfter: no start before this
-        self._wakeups = []            # heap of (time, seq, ChatQueue): parked chats
-        self._wakeup_seq = 0
-        self._line = deque()          # chats waiting their turn under the global limit
-        self._granted = 0             # starts granted from the line, not yet taken
-        self._global_window = None    # _Window of the global limit, or None
-        self._windows = {}            # chat key -> _Window (outlives the chat's queue)
-        self._expiry = {}             # per -> deque of _Window, by last start
+        self._limiter = _Limiter(None, self._timer_needed)
         self._count_lock = _allocate_lock()
         self._pending = 0
         self._drain_waiters = 0
@@ -420,7 +856,6 @@ class DispatcherCore:
         self._submitted = self._completed = self._failed = 0
         self._rejected = self._discarded = self._cancelled = self._timed_out = 0
         self._retried = 0             # under _count_lock
-        self._paced = self._parked = 0  # under _run_lock
 
     def _configure(self, max_inflight, queue_size, send_timeout, idle_timeout,
                    hooks, recover, pacing=None, retry=None):
@@ -438,18 +873,10 @@ class DispatcherCore:
         self._retry_on = retry.retry_on if retry is not None else ()
         self._max_attempts = retry.max_attempts if retry is not None else 1
         self._max_retry_after = retry.max_retry_after if retry is not None else 0.0
-        self._global_window = None
-        self._chat_limit = self._limit_for = None
-        self._chat_limits = False
-        if pacing is not None:
-            if pacing.global_limit is not None:
-                self._global_window = _Window(pacing.global_limit)
-            self._chat_limit = pacing.chat_limit
-            self._limit_for = pacing.limit_for
-            self._chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
+        self._limiter = _Limiter(pacing, self._timer_needed)
         # Whether every start must ask the limiter (else only a chat with a
         # pending retry delay or during a global pause does).
-        self._limited = self._global_window is not None or self._chat_limits
+        self._limited = self._limiter.configured
 
     # ------------------------------------------------------------------ submit
 
@@ -606,8 +1033,7 @@ class DispatcherCore:
         return self._closed
 
     def _counters(self):
-        with self._run_lock:
-            paced, parked = self._paced, self._parked
+        paced, parked = self._limiter.counters()
         with self._count_lock:
             return (self._submitted, self._completed, self._failed, self._rejected,
                     self._discarded, self._cancelled, self._timed_out,
@@ -616,11 +1042,7 @@ class DispatcherCore:
 
     def _pacing_state(self):
         """Sizes of the limiter's structures (for tests and debugging)."""
-        with self._run_lock:
-            return {"windows": len(self._windows),
-                    "expiry": sum(len(e) for e in self._expiry.values()),
-                    "wakeups": len(self._wakeups), "line": len(self._line),
-                    "granted": self._granted, "parked": self._parked}
+        return self._limiter.state()
 
     def _pending_count(self):
         return self._pending
@@ -684,7 +1106,7 @@ class DispatcherCore:
 
     def _drain_chat(self, q):
         while True:
-            if self._limited or q.not_before or self._pause_until:
+            if self._limited or q.not_before or self._limiter.pause_until:
                 item = self._next_paced(q)
                 if item is _PARKED:
                     return
@@ -711,7 +1133,7 @@ class DispatcherCore:
                     self._ready.append(q)
                 return
         if q.granted:
-            self._return_grant(q)
+            self._limiter.return_grant(q)
         self._maybe_drained()
 
     # ------------------------------------------------------------------ pacing
@@ -721,11 +1143,12 @@ class DispatcherCore:
         # chat was parked (the timer will hand it back: no worker sleeps
         # for a limit); _AGAIN to look again; None once the chat is empty
         # and removed.
+        limiter = self._limiter
         window = q.window
         failed = False
-        if self._chat_limits and (window is None or window.dead):
+        if limiter.chat_limits and (window is None or window.dead):
             try:
-                window = q.window = self._chat_window(q)
+                window = q.window = limiter.window_for(q)
             except BaseException as exc:
                 # limit_for, or the chat id's __hash__/__eq__, failed: the
                 # task it was asked for fails with that error.
@@ -739,131 +1162,10 @@ class DispatcherCore:
                 return None
             if failed:
                 return _AGAIN  # a task arrived meanwhile: judge it again
-            admitted = self._admit_locked(q, window)
-            if admitted is not True:
-                return _AGAIN if admitted is None else _PARKED
+            admitted = limiter.admit(q, window)
+            if admitted != _START:
+                return _AGAIN if admitted == _REFETCH else _PARKED
             return _take_head_locked(q)
-
-    def _admit_locked(self, q, window):
-        """May ``q`` start its next task now?  Else park it.
-
-        With ``q.lock`` held, by the chat's owner.  Returns True (start,
-        and the start is recorded), False (parked) or None (the chat's
-        window was forgotten meanwhile: fetch it again).  The checks and
-        the recording are one step under _run_lock, so that no two starts
-        can both take the last place in a window.
-        """
-        with self._run_lock:
-            if self._forced:
-                return True  # _run settles it as cancelled
-            if window is not None and window.dead:
-                q.window = None
-                return None
-            now = monotonic()
-            # Time rules first: a retry delay, a global pause, the chat's
-            # own window.  A chat that must wait for them waits alone.
-            until = q.not_before
-            if self._pause_until:
-                if self._pause_until <= now:
-                    self._pause_until = 0.0  # over: back to the fast path
-                elif self._pause_until > until:
-                    until = self._pause_until
-            if window is not None and window.count:
-                t = window.next_start()
-                if t > until:
-                    until = t
-                    if t > now:
-                        q.waited = True
-            if until > now:
-                if q.granted:
-                    # Hand the granted start back to the line.
-                    q.granted = False
-                    self._granted -= 1
-                    self._timer_needed_locked(now)
-                self._park_locked(q, until)
-                return False
-            q.not_before = 0.0
-            # Then the global limit: chats take turns in one line.
-            glob = self._global_window
-            if glob is not None:
-                if q.granted:
-                    q.granted = False
-                    self._granted -= 1
-                elif self._line or glob.next_start(self._granted) > now:
-                    q.waited = True
-                    self._line.append(q)
-                    self._parked += 1
-                    self._timer_needed_locked(glob.next_start(self._granted))
-                    return False
-                glob.stamps.append(now)
-            if window is not None:
-                self._record_locked(window, now)
-            if q.waited:
-                q.waited = False
-                self._paced += 1
-        return True
-
-    def _chat_window(self, q):
-        # The chat's live window, made on first use (limit_for runs here,
-        # outside every lock).  A window outlives the chat's queue until
-        # its last start leaves it; the timer then forgets it.  Keyed like
-        # the chat map (a hash taken once, an __eq__ that cannot raise), by
-        # a key of its own: the queue's key stops equalling others once the
-        # queue leaves the map.
-        chat_id = q.chat_id
-        key = q._key
-        if type(key) is _ChatKey:
-            key = _ChatKey(chat_id, key._hash)
-        window = self._windows.get(key)
-        if window is not None and not window.dead:
-            return window
-        limit = self._chat_limit
-        if self._limit_for is not None:
-            try:
-                own = self._limit_for(chat_id)
-            except Exception as exc:
-                raise TypeError("limit_for(%s) raised %s" % (
-                    _safe_repr(chat_id), type(exc).__name__)) from exc
-            if own is not None:
-                if not isinstance(own, RateLimit):
-                    raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
-                                    % (_safe_repr(chat_id), type(own).__name__))
-                limit = own
-        fresh = _Window(limit, key)
-        with self._run_lock:
-            window = self._windows.get(key)
-            if window is None or window.dead:
-                expiry = self._expiry.get(fresh.per)
-                if expiry is None:
-                    expiry = self._expiry[fresh.per] = deque()
-                fresh.expiry = expiry
-                self._windows[key] = window = fresh
-        return window
-
-    def _record_locked(self, window, now):
-        # A chat's start: into its window, and onto the timer's list of
-        # windows to forget once their last start has left them.
-        window.stamps.append(now)
-        expiry = window.expiry
-        if not expiry:
-            self._timer_needed_locked(now + window.per)
-        expiry.append(window)
-        window.entries += 1
-
-    def _park_locked(self, q, until):
-        # Put an owned chat on the wake-up schedule (with _run_lock held).
-        self._wakeup_seq += 1
-        heapq.heappush(self._wakeups, (until, self._wakeup_seq, q))
-        self._parked += 1
-        self._timer_needed_locked(until)
-
-    def _return_grant(self, q):
-        with self._run_lock:
-            if q.granted and not self._forced:  # force_close() reset the line
-                q.granted = False
-                self._granted -= 1
-                if self._line:
-                    self._timer_needed_locked(0.0)
 
     def _refuse_head(self, q, exc):
         # The limiter could not judge this chat (limit_for or the chat id's
@@ -906,6 +1208,8 @@ class DispatcherCore:
         if self._forced:
             # Popped just before force_close() cleared the queue: dropped as
             # a waiting task is (its Future cancelled).  _register re-checks.
+            if q.reserved:
+                self._limiter.release(q)
             if item._attempt == 1:
                 self._finish(item, Cancelled("the dispatcher was force-closed"), "cancelled")
                 self._maybe_drained()
@@ -913,8 +1217,9 @@ class DispatcherCore:
                 self._settle_started(item, Cancelled("the dispatcher was force-closed"),
                                      "cancelled")
             return _DONE
-        if (item._attempt == 1 and future is not None
-                and not future.set_running_or_notify_cancel()):
+        if item._attempt == 1 and future is not None and not _start_future(future):
+            if q.reserved:
+                self._limiter.release(q)
             self._finish(item, Cancelled("cancelled before it started"), "cancelled")
             return _DONE
         if self._on_start is not None:
@@ -922,10 +1227,14 @@ class DispatcherCore:
                 self._on_start(item.chat_id)
             except BaseException as exc:
                 self._hook_failed("on_start", exc)
-        if self._send_timeout is not None or self._on_done is not None:
+        # The start counts from here, right before the call: after on_start,
+        # so a slow hook cannot squeeze two calls closer than a window allows.
+        if q.reserved:
+            item._t_start = self._limiter.commit(q)
+        elif self._send_timeout is not None or self._on_done is not None:
             item._t_start = monotonic()
-            if self._send_timeout is not None:
-                item._deadline = item._t_start + self._send_timeout
+        if self._send_timeout is not None:
+            item._deadline = item._t_start + self._send_timeout
         if not self._register(item):
             # force_close() ran since this task left its queue: it never starts.
             self._settle_started(item, Cancelled("the dispatcher was force-closed"),
@@ -951,7 +1260,7 @@ class DispatcherCore:
                 discarded.__cause__ = panic
                 self._resolve(item, None, discarded, "failed")
             elif error is not None:
-                verdict = self._retry_later(item, q, error)
+                verdict, error = self._retry_later(item, q, error)
                 if verdict == _RETRYING:
                     return _RETRYING
                 if verdict == _FORCED:
@@ -961,10 +1270,14 @@ class DispatcherCore:
                     self._resolve(item, None, error, "failed")
             else:
                 self._resolve(item, result, None, "completed")
-        elif self._on_done is not None:
+        else:
             # Timed out or force-closed meanwhile: its outcome is settled;
             # report it now that it has returned, from this thread.
-            self._report(item, self._expired_error(item), monotonic() - item._t_start)
+            error = self._expired_error(item)
+            if self._on_done is not None:
+                self._report(item, error, monotonic() - item._t_start)
+            elif future is None and item._cancel == _BY_TIMEOUT:
+                self._log_unobserved(item, error)
             item._error = None
         if panic is not None:
             self._panic(q, panic)
@@ -974,38 +1287,62 @@ class DispatcherCore:
         self._maybe_drained()
         return _PANICKED if panic is not None else _DONE
 
-    def _retry_later(self, item, q, error):
-        # SPEC §5: a RetryAfter, or a retry_on error, runs the same task
-        # again ahead of every later task of its chat.  Return _RETRYING,
-        # _DONE when it is not retried (it fails with ``error``), or
-        # _FORCED when force_close() came first.
+    def _retry_plan(self, item, error):
+        # SPEC §5: how long until ``error``'s task may run again, and whether
+        # every chat waits (a global RetryAfter); None when it is not retried.
+        # ``error`` is user code (a RetryAfter subclass may carry anything in
+        # ``seconds``, a retry_on class may have a hostile __instancecheck__):
+        # what this raises fails the task, never the worker.
         if isinstance(error, RetryAfter):
-            delay = error.seconds
+            seconds = error.seconds
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                raise TypeError("RetryAfter.seconds must be a number, got %r"
+                                % (type(seconds).__name__,))
+            try:
+                delay = float(seconds)
+            except OverflowError:
+                delay = _INF  # an int too large for a float: longer than any cap
+            if delay != delay or delay < 0:
+                raise ValueError("RetryAfter.seconds must be >= 0, got %r" % (delay,))
             if delay > self._max_retry_after:
-                return _DONE
-        elif self._retry_on and isinstance(error, self._retry_on):
-            delay = self._retry.backoff_delay(item._attempt)
-        else:
-            return _DONE
+                return None
+            scope = error.scope
+            return delay, type(scope) is str and scope == "global", True
+        if self._retry_on and isinstance(error, self._retry_on):
+            return self._retry.backoff_delay(item._attempt), False, False
+        return None
+
+    def _retry_later(self, item, q, error):
+        # A RetryAfter, or a retry_on error, runs the same task again ahead
+        # of every later task of its chat.  Return (_RETRYING, error),
+        # (_DONE, the error the task fails with) when it is not retried, or
+        # (_FORCED, error) when force_close() came first.
+        try:
+            plan = self._retry_plan(item, error)
+        except BaseException as exc:
+            logger.error("chat %s: cannot retry the task's %s", _safe_repr(q.chat_id),
+                         _safe_repr(type(error)), exc_info=exc)
+            if not isinstance(exc, Exception):
+                exc = TypeError("retry decision failed: %s" % (_safe_repr(exc),))
+            exc.__cause__ = error
+            return _DONE, exc
+        if plan is None:
+            return _DONE, error
+        delay, is_global, refused = plan
         attempt = item._attempt
         if attempt >= self._max_attempts:
-            return _DONE
+            return _DONE, error
         until = monotonic() + delay
         with q.lock:
             # Checked under the queue's lock: force_close() clears the
             # queues under it after setting _forced, so either it sees this
             # retry item or we see _forced.
             if self._forced:
-                return _FORCED
+                return _FORCED, error
             item._attempt = attempt + 1
             item._deadline = None
             q.retry_item = item
-        with self._run_lock:
-            if until > q.not_before:
-                q.not_before = until
-            if isinstance(error, RetryAfter) and error.scope == "global":
-                if until > self._pause_until:
-                    self._pause_until = until
+        self._limiter.retry_at(q, until, is_global, refused)
         with self._count_lock:
             self._retried += 1
         if self._on_retry is not None:
@@ -1013,7 +1350,7 @@ class DispatcherCore:
                 self._on_retry(item.chat_id, attempt, delay, error)
             except BaseException as exc:
                 self._hook_failed("on_retry", exc)
-        return _RETRYING
+        return _RETRYING, error
 
     def _settle_started(self, item, error, outcome):
         # Resolve a task whose Future is already RUNNING but that will not
@@ -1031,12 +1368,18 @@ class DispatcherCore:
         item._future = None
         self._count(outcome)
         if future is not None:
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+            _finish_future(future, result, error)
+        elif error is not None and outcome == "failed" and self._on_done is None:
+            self._log_unobserved(item, error)
         if self._on_done is not None:
             self._report(item, error, monotonic() - item._t_start)
+
+    def _log_unobserved(self, item, error):
+        # A post()ed task that failed, with no on_done hook to see it: as
+        # Python reports an exception that ends a thread, once, with its
+        # traceback.
+        logger.error("task posted for chat %s failed", _safe_repr(item.chat_id),
+                     exc_info=(type(error), error, error.__traceback__))
 
     def _finish(self, item, error, outcome):
         # Settle a task that never started (cancelled, discarded, dropped).
@@ -1123,10 +1466,14 @@ class DispatcherCore:
         with self._run_lock:
             return self._running.pop(item, 0) is None
 
+    def _timer_needed(self, when):
+        with self._run_lock:
+            self._timer_needed_locked(when)
+
     def _timer_needed_locked(self, when):
         # With _run_lock held: make sure the timer looks at its schedules no
         # later than ``when`` (starting it on first use, waking it if it
-        # sleeps past that).
+        # sleeps past that, or telling it before it decides to sleep).
         if not self._timer_started:
             self._timer_started = True
             try:
@@ -1135,6 +1482,9 @@ class DispatcherCore:
                 # The OS refused a thread: the next caller tries again.
                 self._timer_started = False
                 logger.exception("could not start the timer thread")
+        elif self._timer_state == _AWAKE:
+            if when < self._timer_next:
+                self._timer_next = when
         elif when < self._timer_until:
             self._wake_timer_locked()
 
@@ -1151,22 +1501,25 @@ class DispatcherCore:
 
         Deadlines: the registry is ordered by start time and every task gets
         the same send_timeout, so it is also ordered by deadline: the timer
-        only ever looks at its head.  Parked chats: a heap by wake-up time;
-        a chat whose time came goes back to the ready list.  The global
-        line: as places free up in the global window, the chats at the
-        front get a start each, in turn.  Windows whose last start has left
-        them are forgotten.  The timer sleeps until the earliest of these,
-        or until woken by something earlier; after idle_timeout seconds
-        with nothing to watch, it ends (the next need starts a new one), so
-        that a dispatcher dropped without shutdown() is not kept alive by it.
+        only ever looks at its head.  Pacing (parked chats, the global line,
+        windows to forget) is the limiter's ``tick``, run outside _run_lock.
+        A need that arrives meanwhile (a deadline registered, a chat parked,
+        a start made) is kept in _timer_next, which the timer reads when it
+        decides to sleep: it never sleeps past something due.  It sleeps
+        until the earliest of these, or until woken by something earlier;
+        after idle_timeout seconds with nothing to watch, it ends (the next
+        need starts a new one), so that a dispatcher dropped without
+        shutdown() is not kept alive by it.
         """
         running = self._running
+        limiter = self._limiter
         while True:
             expired = []
             ready = []
             with self._run_lock:
                 if self._timer_stop:
                     return
+                self._timer_next = _INF
                 now = monotonic()
                 until = _INF
                 if self._send_timeout is not None:
@@ -1178,21 +1531,29 @@ class DispatcherCore:
                     for item in expired:
                         del running[item]
                         item._error = SendTimeout()  # see _expired_error
-                if not expired:
-                    until = min(until, self._pacing_tick_locked(now, ready))
-                    if not ready:
-                        # About to sleep (only then: a waker releases the
-                        # wake lock once per sleep, as the state says).
-                        self._timer_until = until
-                        self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+            if not expired:
+                until = min(until, limiter.tick(now, ready))
             for item in expired:
                 self._expire(item, _BY_TIMEOUT)
             for q in ready:
                 self._schedule(q)
             if expired or ready:
                 continue
-            woken = self._timer_wake.acquire(
-                True, self._idle_timeout if until == _INF else max(0.0, until - monotonic()))
+            with self._run_lock:
+                if self._timer_stop:
+                    return
+                until = min(until, self._timer_next)
+                now = monotonic()
+                if until <= now:
+                    continue  # something became due while we looked
+                # About to sleep (only then: a waker releases the wake lock
+                # once per sleep, as the state says).
+                self._timer_until = until
+                self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+            # A lock wait longer than TIMEOUT_MAX raises: wake up earlier
+            # and look again (every wait is bounded at its source too).
+            delay = self._idle_timeout if until == _INF else min(until - now, _TIMEOUT_MAX)
+            woken = self._timer_wake.acquire(True, delay)
             if not woken:
                 with self._run_lock:
                     if self._timer_state == _IDLE:
@@ -1210,63 +1571,6 @@ class DispatcherCore:
                 # Woken just after the timeout: consume that release.
                 self._timer_wake.acquire()
 
-    def _pacing_tick_locked(self, now, ready):
-        # With _run_lock held: move parked chats whose time came to
-        # ``ready``, grant starts from the global line, forget stale
-        # windows.  Return when to look again.
-        until = _INF
-        wakeups = self._wakeups
-        while wakeups:
-            if wakeups[0][0] > now:
-                until = wakeups[0][0]
-                break
-            ready.append(heapq.heappop(wakeups)[2])
-            self._parked -= 1
-        line = self._line
-        if line:
-            if self._pause_until > now:
-                until = min(until, self._pause_until)
-            else:
-                glob = self._global_window
-                while line and glob.next_start(self._granted) <= now:
-                    q = line.popleft()
-                    q.granted = True
-                    self._granted += 1
-                    self._parked -= 1
-                    ready.append(q)
-                if line:
-                    until = min(until, glob.next_start(self._granted))
-        for per, expiry in self._expiry.items():
-            # One entry per start, in start order; an entry is stale when
-            # its window has later ones (it started again since).
-            while expiry:
-                window = expiry[0]
-                if window.entries == 1:
-                    t = window.last() + per
-                    if t > now:
-                        until = min(until, t)
-                        break
-                    self._forget_window_locked(window)
-                window.entries -= 1
-                expiry.popleft()
-        return until
-
-    def _forget_window_locked(self, window):
-        # Its last start left the window: the chat's limit no longer
-        # constrains anything, so the window goes (a chat's next start makes
-        # a new one).  The chat id's __hash__/__eq__ run here: whatever they
-        # do, the timer goes on (the entry is then simply kept).
-        window.dead = True
-        try:
-            if self._windows.get(window.key) is window:
-                del self._windows[window.key]
-                if not self._windows:
-                    # A dict keeps its largest table after deletions: give
-                    # back the memory of a burst of chats.
-                    self._windows.clear()
-        except BaseException:
-            logger.exception("could not forget the rate-limit window of a chat")
-
     def _stop_timer(self):
         with self._run_lock:
             self._timer_stop = True
@@ -1282,7 +1586,7 @@ class DispatcherCore:
         item._future = None
         self._count(outcome)
         if future is not None:
-            future.set_exception(error)
+            _finish_future(future, None, error)
         # on_done is called by the task's worker once the task returns (see
         # _run): a slow hook here would hold every other deadline, or
         # force_close().
@@ -1311,12 +1615,7 @@ class DispatcherCore:
             self._running.clear()
             for item in running:
                 item._error = Cancelled("the dispatcher was force-closed")
-            parked = [entry[2] for entry in self._wakeups]
-            parked.extend(self._line)
-            self._wakeups = []
-            self._line.clear()
-            self._parked = self._granted = 0
-            self._pause_until = 0.0
+        parked = self._limiter.cancel_all()
         for item in running:
             self._expire(item, _BY_FORCE)
         for q in list(self._queues.values()):

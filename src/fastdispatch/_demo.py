@@ -104,7 +104,9 @@ def run(args, out):
     # between a worker starting a send and the server reading it (at real
     # Telegram scale, 1 s windows, it is noise; at 50 ms it is not).
     tolerance = min(chat_limit.per, global_limit.per) * args.tolerance
-    server = FakeTelegramServer(**limits, tolerance=tolerance,
+    # exact_retry_after: with windows of 100 ms, Telegram's whole-second
+    # retry_after would make each 429 cost ten windows.
+    server = FakeTelegramServer(**limits, tolerance=tolerance, exact_retry_after=True,
                                 latency=(0.5 * latency, 1.5 * latency), seed=args.seed)
     if args.inject_429 or args.inject_5xx:
         server.set_fault_rates(too_many=args.inject_429, error=args.inject_5xx,

@@ -64,6 +64,7 @@ logger = logging.getLogger("fastdispatch")
 cdef object _allocate_lock = threading.Lock
 cdef object _Event = threading.Event
 cdef object _TIMEOUT_MAX = threading.TIMEOUT_MAX
+cdef double _TIMEOUT_MAX_D = threading.TIMEOUT_MAX
 
 cdef enum:
     # SendContext._cancel
@@ -87,6 +88,7 @@ cdef enum:
     _PANICKED = 1
     _RETRYING = 2
     _FORCED = 3
+    _REFUSED = 4
 
 cdef double _INF = float("inf")
 # What _next_paced returns besides a task: parked, or look again.
@@ -116,6 +118,7 @@ cdef object _PENDING = _futures_base.PENDING
 cdef object _RUNNING = _futures_base.RUNNING
 cdef object _FINISHED = _futures_base.FINISHED
 cdef object _CANCELLED = _futures_base.CANCELLED
+cdef object _CANCELLED_AND_NOTIFIED = _futures_base.CANCELLED_AND_NOTIFIED
 cdef object _Condition = threading.Condition
 cdef object _RLock = threading.RLock
 
@@ -181,7 +184,13 @@ cdef object _new_future():
 
 
 cdef bint _future_start(object future) except -1:
-    """``future.set_running_or_notify_cancel()``: False if it was cancelled."""
+    """``future.set_running_or_notify_cancel()``: False if it was cancelled.
+
+    The caller holds the Future too and may have moved it on itself
+    (``set_running_or_notify_cancel()``, ``set_result()``): only a
+    cancellation skips the task; anything else leaves it to run (whatever
+    it returns is then dropped).
+    """
     cdef bint started = False
     if _fast_futures:
         lock = future._condition._lock
@@ -192,11 +201,23 @@ cdef bint _future_start(object future) except -1:
         lock.release()
         if started:
             return True
-    return future.set_running_or_notify_cancel()
+    state = future._state
+    if state is _CANCELLED_AND_NOTIFIED:
+        return False
+    if state is _PENDING or state is _CANCELLED:
+        try:
+            return future.set_running_or_notify_cancel()
+        except RuntimeError:  # moved on by the caller meanwhile
+            return not future.cancelled()
+    return True
 
 
 cdef int _future_finish(object future, object result, object error) except -1:
-    """``set_result(result)`` or, if ``error`` is not None, ``set_exception(error)``."""
+    """``set_result(result)`` or, if ``error`` is not None, ``set_exception(error)``.
+
+    A Future the caller already resolved (or cancelled) keeps what it has:
+    the worker, the timer thread and the chat go on.
+    """
     cdef bint done = False
     if _fast_futures:
         condition = future._condition
@@ -215,10 +236,13 @@ cdef int _future_finish(object future, object result, object error) except -1:
             if future._done_callbacks:
                 future._invoke_callbacks()
             return 0
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except Exception:  # InvalidStateError
+        pass
     return 0
 
 
@@ -339,6 +363,7 @@ cdef class RingBuffer:
 
 cdef class SendContext
 cdef class _Window
+cdef class DispatcherCore
 
 
 @cython.final
@@ -358,11 +383,16 @@ cdef class ChatQueue(RingBuffer):
     # does not count against the capacity (it was accepted once).
     cdef SendContext _retry_item
     # Pacing, owned by whoever owns the chat (its worker, or the timer while
-    # it is parked); under _run_lock where shared.
+    # it is parked); under the limiter's lock where shared.
     cdef double _not_before     # monotonic time before which it may not start
     cdef bint _granted          # holds a start granted by the global line
     cdef bint _waited           # its next start had to wait for a limit
     cdef _Window _window        # its rate-limit window, while alive
+    # The start admitted but not yet made (see _Limiter): which windows
+    # hold a place for it (_CHAT | _GLOBAL).
+    cdef int _reserved
+    cdef _Window _stamped       # the chat window its last start went into
+    cdef double _last_start     # ... and when
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -372,28 +402,34 @@ cdef class ChatQueue(RingBuffer):
 
 @cython.final
 cdef class _Window:
-    """The last ``count`` start times of one rate limit (a sliding window).
+    """The newest start times of one rate limit (a sliding window).
 
     A start is allowed at ``t`` when fewer than ``count`` starts fall in
-    ``(t - per, t]``: the ring holds at most ``count`` stamps, so that is
-    ``len < count or oldest <= t - per``.  Guarded by ``_run_lock``.
+    ``(t - per, t]``.  Besides the stamps of starts made, it counts
+    ``_pending`` starts: admitted, not yet made (the task is about to be
+    called).  Their time is not known yet, so they count as inside every
+    window until they are stamped (``commit``) or given back (``release``).
+    The ring keeps the ``count + 1`` newest stamps, oldest first (one more
+    than the limit needs: after ``pop_newest`` it still knows the ``count``
+    newest starts made before).  Guarded by the limiter's lock.
     """
 
     cdef readonly int count     # 0: no limit (kept so limit_for is not asked again)
     cdef readonly double per
-    cdef double *_stamps        # a ring of max(1, count) doubles
+    cdef double *_stamps        # a ring of count + 1 doubles
     cdef int _cap, _head, _len
+    cdef int _pending           # starts admitted, not yet made
     cdef object key
     cdef bint dead
-    cdef object expiry          # the timer's deque of windows of this period
-    cdef Py_ssize_t entries     # how many times this window is in it
+    cdef Py_ssize_t entries     # how many times this window is on the expiry list
+    cdef double born            # when the limiter made it ("last start" until one)
 
     def __cinit__(self, limit, key=None):
         if limit is None:
             self.count, self.per = 0, 1.0
         else:
             self.count, self.per = limit.count, limit.per
-        self._cap = self.count if self.count > 0 else 1
+        self._cap = self.count + 1
         self._stamps = <double *>PyMem_Malloc(self._cap * sizeof(double))
         if self._stamps == NULL:
             raise MemoryError()
@@ -410,11 +446,15 @@ cdef class _Window:
         return self._stamps[i]
 
     cpdef double next_start(self, long long granted=0):
-        """Earliest time at which ``granted + 1`` more starts are allowed."""
+        """Earliest time at which ``granted + 1`` more starts are allowed.
+
+        Infinite when the pending starts alone fill the window: the next
+        start then waits for one of them to be made (which wakes the timer).
+        """
         cdef long long m
         if self.count == 0:
             return 0.0
-        m = self._len - self.count + granted + 1
+        m = <long long>self._len + self._pending - self.count + granted + 1
         if m <= 0:
             return 0.0
         if m > self._len:
@@ -422,7 +462,7 @@ cdef class _Window:
         return self._at(<int>(m - 1)) + self.per
 
     cpdef double last(self):
-        return self._at(self._len - 1) if self._len else 0.0
+        return self._at(self._len - 1) if self._len else self.born
 
     cpdef add(self, double t):
         cdef int i
@@ -437,6 +477,23 @@ cdef class _Window:
             self._head += 1
             if self._head == self._cap:
                 self._head = 0
+
+    cpdef reserve(self):
+        self._pending += 1
+
+    cpdef commit(self, double t):
+        """A reserved start was made at ``t`` (no earlier than any stamp)."""
+        self._pending -= 1
+        self.add(t)
+
+    cpdef release(self):
+        """A reserved start will not be made."""
+        self._pending -= 1
+
+    cpdef pop_newest(self):
+        """Forget the newest stamp (a start the platform refused)."""
+        if self._len:
+            self._len -= 1
 
 
 @cython.final
@@ -478,6 +535,17 @@ cdef class SendContext:
     def attempt(self):
         """Which attempt of the task this is: 1 for the first run."""
         return self._attempt
+
+    @property
+    def started(self):
+        """``time.monotonic()`` value at which this attempt was called, or None.
+
+        Taken right before the call, after ``on_start``: with pacing, it is
+        the very stamp the rate-limit windows hold.  None when the
+        dispatcher has no pacing, no ``send_timeout`` and no ``on_done`` hook
+        (it then reads no clock per task), or outside a dispatcher.
+        """
+        return self._t_start if self._t_start != 0.0 else None
 
     @property
     def deadline(self):
@@ -742,6 +810,418 @@ cdef class LatencyHistogram:
         return values
 
 
+# Which windows hold a place for a chat's admitted start (ChatQueue._reserved).
+cdef enum:
+    _CHAT = 1
+    _GLOBAL = 2
+    # What _Limiter.admit returns.
+    _START = 1
+    _PARK = 0
+    _REFETCH = -1
+
+
+@cython.final
+cdef class _Limiter:
+    """Pacing: everything that decides when a chat may start its next task.
+
+    The configured windows (each chat's, the global one), the line of chats
+    waiting their turn under the global limit, the global pause of a
+    ``RetryAfter(scope="global")``, the wake-up schedule of parked chats,
+    and the expiry list that forgets windows once their last start has left
+    them.  The core asks it once per start (``admit``), tells it when the
+    start is made (``commit``, right before the task is called: the limit
+    holds where the platform sees it) or will not be (``release``), and the
+    timer thread runs ``tick``.  No thread ever sleeps in here.
+
+    Lock: ``_lock`` guards every field below, and the pacing fields of a
+    ``ChatQueue`` when the chat changes hands (its owner, a worker or the
+    timer's schedule, uses them otherwise).  It is taken inside a queue's
+    lock (``admit``), never the other way round, and the only lock taken
+    inside it is the timer's (``_need_timer``, to wake the timer thread);
+    the timer thread takes it with nothing else held.
+
+    Starts in two steps.  ``admit`` reserves a place in each window the
+    start counts against (``_Window._pending``); ``commit`` stamps them with
+    the time of the call.  A start admitted but not yet made counts as
+    inside every window, so two chats cannot both take the last place, and a
+    slow ``on_start`` hook (or, for a coroutine task, the hop to its event
+    loop) cannot squeeze two calls closer than the window allows.
+    """
+
+    cdef cython.pymutex _lock
+    # The dispatcher core, borrowed: it owns this limiter and outlives it
+    # (no reference cycle for the collector to find).
+    cdef PyObject *_core
+    cdef bint _closed                 # force_close(): the line and schedule are gone
+    cdef double _pause_until          # a global RetryAfter (read unlocked as a hint)
+    cdef list _wakeups                # heap of (time, seq, ChatQueue): parked chats
+    cdef long long _seq
+    cdef object _line                 # deque: chats waiting their turn (global limit)
+    cdef Py_ssize_t _line_len
+    cdef long long _granted           # starts granted from the line, not yet taken
+    cdef _Window _glob
+    cdef object _chat_limit, _limit_for
+    cdef bint _chat_limits            # chats have windows (chat_limit or limit_for)
+    cdef bint _configured             # every start must be admitted
+    cdef dict _windows                # chat key -> _Window (outlives the chat's queue)
+    cdef dict _expiry                 # per -> deque of _Window, by last start
+    cdef long long _paced
+    cdef long long _parked
+
+    def __cinit__(self):
+        self._wakeups = []
+        self._line = deque()
+        self._windows = {}
+        self._expiry = {}
+
+    cdef int _configure(self, DispatcherCore core, object pacing) except -1:
+        self._core = <PyObject *>core
+        self._glob = None
+        self._chat_limit = self._limit_for = None
+        self._chat_limits = False
+        if pacing is not None:
+            if pacing.global_limit is not None:
+                self._glob = _Window(pacing.global_limit)
+            self._chat_limit = pacing.chat_limit
+            self._limit_for = pacing.limit_for
+            self._chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
+        self._configured = self._glob is not None or self._chat_limits
+        return 0
+
+    cdef inline int _need_timer(self, double when) except -1:
+        # Make sure the timer looks at its schedules no later than ``when``.
+        (<DispatcherCore>self._core)._timer_needed(when)
+        return 0
+
+    # -- a chat's window --------------------------------------------------
+
+    cdef _Window window_for(self, ChatQueue q):
+        """The chat's live window, made on first use (``limit_for`` runs
+        here, outside every lock; its failure is raised to the caller).
+
+        A window outlives the chat's queue until its last start leaves it;
+        the timer then forgets it.  Keyed like the chat map (a hash taken
+        once, an ``__eq__`` that cannot raise), by a key of its own: the
+        queue's key stops equalling others once the queue leaves the map.
+        """
+        cdef object chat_id = q.chat_id
+        cdef object key = q._key
+        cdef _Window window
+        cdef _Window fresh
+        if type(key) is _ChatKey:
+            key = _rekey(<_ChatKey>key)
+        window = self._windows.get(key)
+        if window is not None and not window.dead:
+            return window
+        limit = self._chat_limit
+        if self._limit_for is not None:
+            try:
+                own = self._limit_for(chat_id)
+            except Exception as exc:
+                raise TypeError("limit_for(%s) raised %s" % (
+                    _safe_repr(chat_id), type(exc).__name__)) from exc
+            if own is not None:
+                if not isinstance(own, RateLimit):
+                    raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
+                                    % (_safe_repr(chat_id), type(own).__name__))
+                limit = own
+        fresh = _Window(limit, key)
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None or window.dead:
+                self._windows[key] = window = fresh
+                # On the expiry list from birth: a window whose chat never
+                # starts (a cancelled task) is forgotten too.
+                fresh.born = monotonic()
+                self._expire_later_locked(fresh)
+        return window
+
+    # -- one start: admit, then commit or release ---------------------------
+
+    cdef int admit(self, ChatQueue q, _Window window) except -2:
+        """May ``q`` start its next task now?  Else park it.
+
+        Called by the chat's owner with ``q._lock`` held.  Returns _START
+        (places reserved: ``q._reserved`` says where), _PARK (the chat is on
+        the wake-up schedule or in the line; the timer hands it back) or
+        _REFETCH (its window was forgotten meanwhile: fetch it again).
+        """
+        cdef _Window glob
+        cdef double now, until, t
+        cdef int reserved = 0
+        with self._lock:
+            if self._closed:
+                return _START  # force_close(): the core settles it as cancelled
+            if window is not None and window.dead:
+                q._window = None
+                return _REFETCH
+            now = monotonic()
+            # Time rules first: a retry delay, a global pause, the chat's
+            # own window.  A chat that must wait for them waits alone.
+            until = q._not_before
+            if self._pause_until != 0.0:
+                if self._pause_until <= now:
+                    self._pause_until = 0.0  # over: back to the fast path
+                elif self._pause_until > until:
+                    until = self._pause_until
+            if window is not None and window.count:
+                t = window.next_start(0)
+                if t > until:
+                    until = t
+                    if t > now:
+                        q._waited = True
+            if until > now:
+                if q._granted:
+                    # Hand the granted start back to the line.
+                    q._granted = False
+                    self._granted -= 1
+                    self._need_timer(now)
+                self._park_locked(q, until)
+                return _PARK
+            q._not_before = 0.0
+            # Then the global limit: chats take turns in one line.
+            glob = self._glob
+            if glob is not None:
+                if q._granted:
+                    q._granted = False
+                    self._granted -= 1
+                elif self._line_len or glob.next_start(self._granted) > now:
+                    q._waited = True
+                    self._line.append(q)
+                    self._line_len += 1
+                    self._parked += 1
+                    self._need_timer(glob.next_start(self._granted))
+                    return _PARK
+                glob._pending += 1
+                reserved = _GLOBAL
+            if window is not None and window.count:
+                window._pending += 1
+                reserved |= _CHAT
+            q._reserved = reserved
+            q._stamped = None
+            if q._waited:
+                q._waited = False
+                self._paced += 1
+        return _START
+
+    cdef double commit(self, ChatQueue q) except -1.0:
+        """The start ``admit`` reserved is being made: stamp it, now.
+
+        Returns the stamp, which the task is called right after.
+        """
+        cdef double t
+        cdef int reserved
+        cdef _Window window
+        with self._lock:
+            t = monotonic()
+            reserved = q._reserved
+            q._reserved = 0
+            if self._closed:
+                return t  # force_close() dropped every window
+            if reserved & _CHAT:
+                window = q._window
+                window.commit(t)
+                self._expire_later_locked(window)
+                q._stamped = window
+                q._last_start = t
+            if reserved & _GLOBAL:
+                self._glob.commit(t)
+                self._line_changed_locked()
+        return t
+
+    cdef int release(self, ChatQueue q) except -1:
+        """The start ``admit`` reserved will not be made (the task was
+        cancelled, or the dispatcher force-closed, before its call)."""
+        cdef int reserved
+        cdef _Window window
+        with self._lock:
+            reserved = q._reserved
+            q._reserved = 0
+            if self._closed:
+                return 0
+            if reserved & _CHAT:
+                window = q._window
+                window.release()
+                self._expire_later_locked(window)
+            if reserved & _GLOBAL:
+                self._glob.release()
+                self._line_changed_locked()
+        return 0
+
+    cdef int _line_changed_locked(self) except -1:
+        # A pending global start was made or given back: the line's next
+        # grant may have become possible (it was infinitely far while the
+        # pending starts filled the window).  Every change that can make a
+        # grant due wakes the timer, which then never sleeps past it.
+        if self._line_len:
+            self._need_timer(self._glob.next_start(self._granted))
+        return 0
+
+    cdef int _expire_later_locked(self, _Window window) except -1:
+        # Put the window on the timer's list of windows to forget once
+        # their last start has left them (one entry per start, in start
+        # order).  The list of each ``per`` is looked up here and dropped by
+        # the timer once empty, so that the table does not grow with every
+        # distinct ``per`` ever seen.
+        expiry = self._expiry.get(window.per)
+        if expiry is None:
+            expiry = self._expiry[window.per] = deque()
+        if not expiry:
+            self._need_timer(window.last() + window.per)
+        expiry.append(window)
+        window.entries += 1
+        return 0
+
+    cdef int retry_at(self, ChatQueue q, double until, bint is_global,
+                      bint refused) except -1:
+        """The chat's next attempt may not start before ``until``.
+
+        ``refused``: the platform turned the attempt away (``RetryAfter``),
+        so it is not held against the chat's window as well: its stamp goes.
+        """
+        cdef _Window window
+        with self._lock:
+            if refused:
+                window = q._stamped
+                if (window is not None and not window.dead
+                        and window.last() == q._last_start):
+                    window.pop_newest()
+            q._stamped = None
+            if until > q._not_before:
+                q._not_before = until
+            if is_global and until > self._pause_until:
+                self._pause_until = until
+        return 0
+
+    cdef int return_grant(self, ChatQueue q) except -1:
+        """The chat left without using the start the line granted it."""
+        with self._lock:
+            if q._granted and not self._closed:  # force_close() reset the line
+                q._granted = False
+                self._granted -= 1
+                if self._line_len:
+                    self._need_timer(0.0)
+        return 0
+
+    cdef int _park_locked(self, ChatQueue q, double until) except -1:
+        # Put an owned chat on the wake-up schedule.
+        self._seq += 1
+        _heappush(self._wakeups, (until, self._seq, q))
+        self._parked += 1
+        self._need_timer(until)
+        return 0
+
+    # -- the timer's side -----------------------------------------------------
+
+    cdef double tick(self, double now, list ready) except? -1.0:
+        """Move parked chats whose time came to ``ready``, grant starts from
+        the global line, forget stale windows.  Return when to look again."""
+        cdef double until = _INF
+        cdef double stamp, per
+        cdef ChatQueue q
+        cdef _Window window
+        cdef _Window glob = self._glob
+        cdef list wakeups = self._wakeups
+        cdef list emptied = None
+        with self._lock:
+            while wakeups:
+                if <double>wakeups[0][0] > now:
+                    until = wakeups[0][0]
+                    break
+                ready.append(_heappop(wakeups)[2])
+                self._parked -= 1
+            line = self._line
+            if self._line_len:
+                if self._pause_until > now:
+                    until = min(until, self._pause_until)
+                else:
+                    while self._line_len and glob.next_start(self._granted) <= now:
+                        q = line.popleft()
+                        self._line_len -= 1
+                        q._granted = True
+                        self._granted += 1
+                        self._parked -= 1
+                        ready.append(q)
+                    if self._line_len:
+                        # Infinite while pending starts fill the window:
+                        # their commit (or release) wakes the timer.
+                        until = min(until, glob.next_start(self._granted))
+            for per_key, expiry in self._expiry.items():
+                # An entry is stale when its window has later ones (it
+                # started again since) or a start pending (its commit or
+                # release adds a new entry).
+                per = per_key
+                while expiry:
+                    window = expiry[0]
+                    if window.entries == 1 and not window._pending:
+                        stamp = window.last() + per
+                        if stamp > now:
+                            until = min(until, stamp)
+                            break
+                        self._forget_window_locked(window)
+                    window.entries -= 1
+                    expiry.popleft()
+                if not expiry:
+                    if emptied is None:
+                        emptied = []
+                    emptied.append(per_key)
+            if emptied is not None:
+                for per_key in emptied:
+                    del self._expiry[per_key]
+        return until
+
+    cdef int _forget_window_locked(self, _Window window) except -1:
+        # Its last start left the window: the chat's limit no longer
+        # constrains anything, so the window goes (a chat's next start makes
+        # a new one).  The chat id's __hash__/__eq__ run here: whatever they
+        # do, the timer goes on (the entry is then simply kept).
+        window.dead = True
+        try:
+            if self._windows.get(window.key) is window:
+                del self._windows[window.key]
+                if not self._windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self._windows.clear()
+        except BaseException:
+            logger.exception("could not forget the rate-limit window of a chat")
+        return 0
+
+    cdef list cancel_all(self):
+        """force_close(): empty the schedule and the line; return the chats
+        that were on them (owned by nobody now)."""
+        cdef list parked
+        cdef _Window window
+        with self._lock:
+            self._closed = True
+            parked = [entry[2] for entry in self._wakeups]
+            parked.extend(self._line)
+            self._wakeups = []
+            self._line.clear()
+            self._line_len = 0
+            self._parked = self._granted = 0
+            self._pause_until = 0.0
+            # Nothing starts any more: no window can constrain anything.
+            for window in self._windows.values():
+                window.dead = True
+            self._windows.clear()
+            self._expiry.clear()
+        return parked
+
+    cdef tuple counters(self):
+        with self._lock:
+            return self._paced, self._parked
+
+    cdef dict state(self):
+        with self._lock:
+            return {"windows": len(self._windows),
+                    "expiry": sum([len(e) for e in self._expiry.values()]),
+                    "expiry_lists": len(self._expiry),
+                    "wakeups": len(self._wakeups), "line": len(self._line),
+                    "granted": self._granted, "parked": self._parked,
+                    "pending": self._glob._pending if self._glob is not None else 0}
+
+
 cdef class DispatcherCore:
     """The per-chat queues, the worker loop and the deadline loop.
 
@@ -760,10 +1240,10 @@ cdef class DispatcherCore:
     cdef double _idle_timeout
     cdef object _on_queued, _on_start, _on_done, _on_rejected, _on_retry, _recover
     cdef LatencyHistogram _histogram  # on_done, when it is one: recorded from C
-    cdef object _retry, _retry_on, _chat_limit, _limit_for
+    cdef object _retry, _retry_on
     cdef int _max_attempts
     cdef double _max_retry_after
-    cdef bint _chat_limits            # chats have windows (chat_limit or limit_for)
+    cdef _Limiter _limiter            # pacing (its own lock; see the class)
     cdef bint _limited                # every start asks the limiter
     # worker pool; all guarded by _pool_lock
     cdef cython.pymutex _pool_lock
@@ -783,19 +1263,10 @@ cdef class DispatcherCore:
     cdef bint _timer_started
     cdef bint _timer_stop
     cdef double _timer_until          # when the sleeping timer wakes by itself
-    # pacing and retries; guarded by _run_lock (the timer's lock)
+    # The earliest need that arrived while the timer was awake (it looks at
+    # the limiter outside _run_lock): seen when it decides to sleep.
+    cdef double _timer_next
     cdef long long _forced            # atomic; force_close() began: nothing starts
-    cdef double _pause_until          # a global RetryAfter (read unlocked as a hint)
-    cdef list _wakeups                # heap of (time, seq, ChatQueue): parked chats
-    cdef long long _wakeup_seq
-    cdef object _line                 # deque: chats waiting their turn (global limit)
-    cdef Py_ssize_t _line_len
-    cdef long long _granted           # starts granted from the line, not yet taken
-    cdef _Window _global_window
-    cdef dict _windows                # chat key -> _Window (outlives the chat's queue)
-    cdef dict _expiry                 # per -> deque of _Window, by last start
-    cdef long long _paced
-    cdef long long _parked
     # counters (atomic)
     cdef long long _pending
     cdef long long _drain_waiters
@@ -813,10 +1284,9 @@ cdef class DispatcherCore:
         self._on_queued = self._on_start = self._on_done = None
         self._on_rejected = self._on_retry = self._recover = None
         self._timer_until = _INF
-        self._wakeups = []
-        self._line = deque()
-        self._windows = {}
-        self._expiry = {}
+        self._timer_next = _INF
+        self._limiter = _Limiter()
+        self._limiter._configure(self, None)
         self._retry_on = ()
 
     def _configure(self, Py_ssize_t max_inflight, Py_ssize_t queue_size, send_timeout,
@@ -843,16 +1313,10 @@ cdef class DispatcherCore:
             self._retry_on = ()
             self._max_attempts = 1
             self._max_retry_after = 0.0
-        self._global_window = None
-        self._chat_limit = self._limit_for = None
-        self._chat_limits = False
-        if pacing is not None:
-            if pacing.global_limit is not None:
-                self._global_window = _Window(pacing.global_limit)
-            self._chat_limit = pacing.chat_limit
-            self._limit_for = pacing.limit_for
-            self._chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
-        self._limited = self._global_window is not None or self._chat_limits
+        self._limiter._configure(self, pacing)
+        # Whether every start must ask the limiter (else only a chat with a
+        # pending retry delay or during a global pause does).
+        self._limited = self._limiter._configured
 
     # ------------------------------------------------------------------ submit
 
@@ -1037,12 +1501,9 @@ cdef class DispatcherCore:
 
     def _counters(self):
         cdef Py_ssize_t threads
-        cdef long long paced, parked
         with self._pool_lock:
             threads = self._threads
-        with self._run_lock:
-            paced = self._paced
-            parked = self._parked
+        paced, parked = self._limiter.counters()
         return (FD_LOAD(&self._submitted), FD_LOAD(&self._counts[C_COMPLETED]),
                 FD_LOAD(&self._counts[C_FAILED]), FD_LOAD(&self._rejected),
                 FD_LOAD(&self._counts[C_DISCARDED]), FD_LOAD(&self._counts[C_CANCELLED]),
@@ -1051,11 +1512,7 @@ cdef class DispatcherCore:
 
     def _pacing_state(self):
         """Sizes of the limiter's structures (for tests and debugging)."""
-        with self._run_lock:
-            return {"windows": len(self._windows),
-                    "expiry": sum([len(e) for e in self._expiry.values()]),
-                    "wakeups": len(self._wakeups), "line": len(self._line),
-                    "granted": self._granted, "parked": self._parked}
+        return self._limiter.state()
 
     def _pending_count(self):
         return FD_LOAD(&self._pending)
@@ -1129,7 +1586,7 @@ cdef class DispatcherCore:
         cdef bint rotate
         cdef int ran
         while True:
-            if self._limited or q._not_before != 0.0 or self._pause_until != 0.0:
+            if self._limited or q._not_before != 0.0 or self._limiter._pause_until != 0.0:
                 found = self._next_paced(q)
                 if found is _PARKED_CHAT:
                     return 0
@@ -1160,7 +1617,7 @@ cdef class DispatcherCore:
                         self._ready_append(q)
                     return 0
         if q._granted:
-            self._return_grant(q)
+            self._limiter.return_grant(q)
         self._maybe_drained()
         return 0
 
@@ -1171,13 +1628,13 @@ cdef class DispatcherCore:
         # the chat was parked (the timer will hand it back: no worker
         # sleeps for a limit); _AGAIN to look again; None once the chat is
         # empty and removed.
+        cdef _Limiter limiter = self._limiter
         cdef _Window window = q._window
         cdef bint failed = False
         cdef int admitted
-        cdef SendContext item
-        if self._chat_limits and (window is None or window.dead):
+        if limiter._chat_limits and (window is None or window.dead):
             try:
-                window = q._window = self._chat_window(q)
+                window = q._window = limiter.window_for(q)
             except BaseException as exc:
                 # limit_for, or the chat id's __hash__/__eq__, failed: the
                 # task it was asked for fails with that error.
@@ -1192,138 +1649,10 @@ cdef class DispatcherCore:
                 return None
             if failed:
                 return _AGAIN  # a task arrived meanwhile: judge it again
-            admitted = self._admit_locked(q, window)
-            if admitted != 1:
-                return _AGAIN if admitted < 0 else _PARKED_CHAT
+            admitted = limiter.admit(q, window)
+            if admitted != _START:
+                return _AGAIN if admitted == _REFETCH else _PARKED_CHAT
             return _take_head_locked(q)
-
-    cdef int _admit_locked(self, ChatQueue q, _Window window) except -2:
-        """May ``q`` start its next task now?  Else park it.
-
-        With ``q._lock`` held, by the chat's owner.  Returns 1 (start, and
-        the start is recorded), 0 (parked) or -1 (the chat's window was
-        forgotten meanwhile: fetch it again).  The checks and the recording
-        are one step under _run_lock, so that no two starts can both take
-        the last place in a window.
-        """
-        cdef _Window glob
-        cdef double now, until, t
-        with self._run_lock:
-            if FD_LOAD(&self._forced):
-                return 1  # _run settles it as cancelled
-            if window is not None and window.dead:
-                q._window = None
-                return -1
-            now = monotonic()
-            # Time rules first: a retry delay, a global pause, the chat's
-            # own window.  A chat that must wait for them waits alone.
-            until = q._not_before
-            if self._pause_until != 0.0:
-                if self._pause_until <= now:
-                    self._pause_until = 0.0  # over: back to the fast path
-                elif self._pause_until > until:
-                    until = self._pause_until
-            if window is not None and window.count:
-                t = window.next_start(0)
-                if t > until:
-                    until = t
-                    if t > now:
-                        q._waited = True
-            if until > now:
-                if q._granted:
-                    # Hand the granted start back to the line.
-                    q._granted = False
-                    self._granted -= 1
-                    self._timer_needed_locked(now)
-                self._park_locked(q, until)
-                return 0
-            q._not_before = 0.0
-            # Then the global limit: chats take turns in one line.
-            glob = self._global_window
-            if glob is not None:
-                if q._granted:
-                    q._granted = False
-                    self._granted -= 1
-                elif self._line_len or glob.next_start(self._granted) > now:
-                    q._waited = True
-                    self._line.append(q)
-                    self._line_len += 1
-                    self._parked += 1
-                    self._timer_needed_locked(glob.next_start(self._granted))
-                    return 0
-                glob.add(now)
-            if window is not None:
-                self._record_locked(window, now)
-            if q._waited:
-                q._waited = False
-                self._paced += 1
-        return 1
-
-    cdef _Window _chat_window(self, ChatQueue q):
-        # The chat's live window, made on first use (limit_for runs here,
-        # outside every lock).  A window outlives the chat's queue until
-        # its last start leaves it; the timer then forgets it.  Keyed like
-        # the chat map (a hash taken once, an __eq__ that cannot raise), by
-        # a key of its own: the queue's key stops equalling others once the
-        # queue leaves the map.
-        cdef object chat_id = q.chat_id
-        cdef object key = q._key
-        cdef _Window window
-        cdef _Window fresh
-        if type(key) is _ChatKey:
-            key = _rekey(<_ChatKey>key)
-        window = self._windows.get(key)
-        if window is not None and not window.dead:
-            return window
-        limit = self._chat_limit
-        if self._limit_for is not None:
-            try:
-                own = self._limit_for(chat_id)
-            except Exception as exc:
-                raise TypeError("limit_for(%s) raised %s" % (
-                    _safe_repr(chat_id), type(exc).__name__)) from exc
-            if own is not None:
-                if not isinstance(own, RateLimit):
-                    raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
-                                    % (_safe_repr(chat_id), type(own).__name__))
-                limit = own
-        fresh = _Window(limit, key)
-        with self._run_lock:
-            window = self._windows.get(key)
-            if window is None or window.dead:
-                expiry = self._expiry.get(fresh.per)
-                if expiry is None:
-                    expiry = self._expiry[fresh.per] = deque()
-                fresh.expiry = expiry
-                self._windows[key] = window = fresh
-        return window
-
-    cdef int _record_locked(self, _Window window, double now) except -1:
-        # A chat's start: into its window, and onto the timer's list of
-        # windows to forget once their last start has left them.
-        window.add(now)
-        if not window.expiry:
-            self._timer_needed_locked(now + window.per)
-        window.expiry.append(window)
-        window.entries += 1
-        return 0
-
-    cdef int _park_locked(self, ChatQueue q, double until) except -1:
-        # Put an owned chat on the wake-up schedule (with _run_lock held).
-        self._wakeup_seq += 1
-        _heappush(self._wakeups, (until, self._wakeup_seq, q))
-        self._parked += 1
-        self._timer_needed_locked(until)
-        return 0
-
-    cdef int _return_grant(self, ChatQueue q) except -1:
-        with self._run_lock:
-            if q._granted and not FD_LOAD(&self._forced):  # force_close() reset the line
-                q._granted = False
-                self._granted -= 1
-                if self._line_len:
-                    self._timer_needed_locked(0.0)
-        return 0
 
     cdef bint _refuse_head(self, ChatQueue q, object exc) except -1:
         # The limiter could not judge this chat (limit_for or the chat id's
@@ -1372,6 +1701,8 @@ cdef class DispatcherCore:
         if FD_LOAD(&self._forced):
             # Popped just before force_close() cleared the queue: dropped as
             # a waiting task is (its Future cancelled).  _register re-checks.
+            if q._reserved:
+                self._limiter.release(q)
             if item._attempt == 1:
                 self._finish(item, Cancelled("the dispatcher was force-closed"), C_CANCELLED)
                 self._maybe_drained()
@@ -1380,6 +1711,8 @@ cdef class DispatcherCore:
                                      C_CANCELLED)
             return _DONE
         if item._attempt == 1 and future is not None and not _future_start(future):
+            if q._reserved:
+                self._limiter.release(q)
             self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
             return _DONE
         if self._on_start is not None:
@@ -1387,11 +1720,15 @@ cdef class DispatcherCore:
                 self._on_start(item.chat_id)
             except BaseException as exc:
                 self._hook_failed("on_start", exc)
-        if self._has_timeout or self._on_done is not None:
+        # The start counts from here, right before the call: after on_start,
+        # so a slow hook cannot squeeze two calls closer than a window allows.
+        if q._reserved:
+            item._t_start = self._limiter.commit(q)
+        elif self._has_timeout or self._on_done is not None:
             item._t_start = monotonic()
-            if self._has_timeout:
-                item._deadline = item._t_start + self._send_timeout
-                item._has_deadline = True
+        if self._has_timeout:
+            item._deadline = item._t_start + self._send_timeout
+            item._has_deadline = True
         if not self._register(item):
             # force_close() ran since this task left its queue: it never starts.
             self._settle_started(item, Cancelled("the dispatcher was force-closed"),
@@ -1419,14 +1756,24 @@ cdef class DispatcherCore:
                 if verdict == _FORCED:
                     self._resolve(item, None, Cancelled("the dispatcher was force-closed"),
                                   C_CANCELLED)
+                elif verdict == _REFUSED:
+                    # The retry decision itself failed (a hostile RetryAfter
+                    # or retry_on class): the task fails with that error.
+                    error = item._error
+                    item._error = None
+                    self._resolve(item, None, error, C_FAILED)
                 else:
                     self._resolve(item, None, error, C_FAILED)
             else:
                 self._resolve(item, result, None, C_COMPLETED)
-        elif self._on_done is not None:
+        else:
             # Timed out or force-closed meanwhile: its outcome is settled;
             # report it now that it has returned, from this thread.
-            self._report(item, self._expired_error(item), <double>monotonic() - item._t_start)
+            error = self._expired_error(item)
+            if self._on_done is not None:
+                self._report(item, error, <double>monotonic() - item._t_start)
+            elif future is None and FD_LOAD(&item._cancel) == _BY_TIMEOUT:
+                self._log_unobserved(item, error)
             item._error = None
         if panic is not None:
             self._panic(q, panic)
@@ -1435,22 +1782,55 @@ cdef class DispatcherCore:
         self._maybe_drained()
         return _PANICKED if panic is not None else _DONE
 
+    cdef object _retry_plan(self, SendContext item, object error):
+        # SPEC §5: how long until ``error``'s task may run again, and whether
+        # every chat waits (a global RetryAfter): (delay, is_global,
+        # refused), or None when it is not retried.  ``error`` is user code
+        # (a RetryAfter subclass may carry anything in ``seconds``, a
+        # retry_on class may have a hostile __instancecheck__): what this
+        # raises fails the task, never the worker.
+        cdef double delay
+        if isinstance(error, RetryAfter):
+            seconds = error.seconds
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                raise TypeError("RetryAfter.seconds must be a number, got %r"
+                                % (type(seconds).__name__,))
+            try:
+                delay = float(seconds)
+            except OverflowError:
+                delay = _INF  # an int too large for a float: longer than any cap
+            if delay != delay or delay < 0:
+                raise ValueError("RetryAfter.seconds must be >= 0, got %r" % (delay,))
+            if delay > self._max_retry_after:
+                return None
+            scope = error.scope
+            return (delay, type(scope) is str and scope == "global", True)
+        if self._retry_on and isinstance(error, self._retry_on):
+            return (self._retry.backoff_delay(item._attempt), False, False)
+        return None
+
     cdef int _retry_later(self, SendContext item, ChatQueue q, object error) except -1:
-        # SPEC §5: a RetryAfter, or a retry_on error, runs the same task
-        # again ahead of every later task of its chat.  Return _RETRYING,
-        # _DONE when it is not retried (it fails with ``error``), or
-        # _FORCED when force_close() came first.
+        # A RetryAfter, or a retry_on error, runs the same task again ahead
+        # of every later task of its chat.  Return _RETRYING, _DONE when it
+        # is not retried (it fails with ``error``), _FORCED when
+        # force_close() came first, or _REFUSED when deciding failed (the
+        # error to fail with is then in item._error).
         cdef double delay, until
         cdef int attempt = item._attempt
-        cdef bint is_retry_after = isinstance(error, RetryAfter)
-        if is_retry_after:
-            delay = error.seconds
-            if delay > self._max_retry_after:
-                return _DONE
-        elif self._retry_on and isinstance(error, self._retry_on):
-            delay = self._retry.backoff_delay(attempt)
-        else:
+        cdef bint is_global, refused
+        try:
+            plan = self._retry_plan(item, error)
+        except BaseException as exc:
+            logger.error("chat %s: cannot retry the task's %s", _safe_repr(q.chat_id),
+                         _safe_repr(type(error)), exc_info=exc)
+            if not isinstance(exc, Exception):
+                exc = TypeError("retry decision failed: %s" % (_safe_repr(exc),))
+            exc.__cause__ = error
+            item._error = exc
+            return _REFUSED
+        if plan is None:
             return _DONE
+        delay, is_global, refused = plan
         if attempt >= self._max_attempts:
             return _DONE
         until = <double>monotonic() + delay
@@ -1463,12 +1843,7 @@ cdef class DispatcherCore:
             item._attempt = attempt + 1
             item._has_deadline = False
             q._retry_item = item
-        with self._run_lock:
-            if until > q._not_before:
-                q._not_before = until
-            if is_retry_after and error.scope == "global":
-                if until > self._pause_until:
-                    self._pause_until = until
+        self._limiter.retry_at(q, until, is_global, refused)
         FD_ADD(&self._retried, 1)
         if self._on_retry is not None:
             try:
@@ -1495,8 +1870,18 @@ cdef class DispatcherCore:
         FD_ADD(&self._counts[outcome], 1)
         if future is not None:
             _future_finish(future, result, error)
+        elif error is not None and outcome == C_FAILED and self._on_done is None:
+            self._log_unobserved(item, error)
         if self._on_done is not None:
             self._report(item, error, <double>monotonic() - item._t_start)
+        return 0
+
+    cdef int _log_unobserved(self, SendContext item, object error) except -1:
+        # A post()ed task that failed, with no on_done hook to see it: as
+        # Python reports an exception that ends a thread, once, with its
+        # traceback.
+        logger.error("task posted for chat %s failed", _safe_repr(item.chat_id),
+                     exc_info=(type(error), error, error.__traceback__))
         return 0
 
     cdef int _finish(self, SendContext item, object error, int outcome) except -1:
@@ -1578,10 +1963,15 @@ cdef class DispatcherCore:
                 self._timer_needed_locked(item._deadline)
         return True
 
+    cdef int _timer_needed(self, double when) except -1:
+        with self._run_lock:
+            self._timer_needed_locked(when)
+        return 0
+
     cdef int _timer_needed_locked(self, double when) except -1:
         # With _run_lock held: make sure the timer looks at its schedules no
         # later than ``when`` (starting it on first use, waking it if it
-        # sleeps past that).
+        # sleeps past that, or telling it before it decides to sleep).
         if not self._timer_started:
             self._timer_started = True
             try:
@@ -1590,6 +1980,9 @@ cdef class DispatcherCore:
                 # The OS refused a thread: the next caller tries again.
                 self._timer_started = False
                 logger.exception("could not start the timer thread")
+        elif self._timer_state == _AWAKE:
+            if when < self._timer_next:
+                self._timer_next = when
         elif when < self._timer_until:
             self._wake_timer_locked()
         return 0
@@ -1635,28 +2028,29 @@ cdef class DispatcherCore:
 
         Deadlines: the registry is ordered by start time and every task gets
         the same send_timeout, so it is also ordered by deadline: the timer
-        only ever looks at its head.  Parked chats: a heap by wake-up time;
-        a chat whose time came goes back to the ready list.  The global
-        line: as places free up in the global window, the chats at the
-        front get a start each, in turn.  Windows whose last start has left
-        them are forgotten.  The timer sleeps until the earliest of these,
-        or until woken by something earlier; after idle_timeout seconds
-        with nothing to watch, it ends (the next need starts a new one), so
-        that a dispatcher dropped without shutdown() is not kept alive by it.
+        only ever looks at its head.  Pacing (parked chats, the global line,
+        windows to forget) is the limiter's ``tick``, run outside _run_lock.
+        A need that arrives meanwhile (a deadline registered, a chat parked,
+        a start made) is kept in _timer_next, which the timer reads when it
+        decides to sleep: it never sleeps past something due.  It sleeps
+        until the earliest of these, or until woken by something earlier;
+        after idle_timeout seconds with nothing to watch, it ends (the next
+        need starts a new one), so that a dispatcher dropped without
+        shutdown() is not kept alive by it.
         """
         cdef list expired
         cdef list ready
         cdef SendContext item
         cdef double now, until, delay
-        cdef bint stop, retry
+        cdef bint stop, retry, due
+        cdef _Limiter limiter = self._limiter
         while True:
             expired = []
             ready = []
-            stop = False
             with self._run_lock:
-                if self._timer_stop:
-                    stop = True
-                else:
+                stop = self._timer_stop
+                if not stop:
+                    self._timer_next = _INF
                     now = monotonic()
                     until = _INF
                     if self._has_timeout:
@@ -1668,27 +2062,40 @@ cdef class DispatcherCore:
                             self._unlink_locked(item)
                             item._error = SendTimeout()  # see _expired_error
                             expired.append(item)
-                    if not expired:
-                        until = min(until, self._pacing_tick_locked(now, ready))
-                        if not ready:
-                            # About to sleep (only then: a waker releases the
-                            # wake lock once per sleep, as the state says).
-                            self._timer_until = until
-                            self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
             if stop:
                 return
+            if not expired:
+                until = min(until, limiter.tick(now, ready))
             for item in expired:
                 self._expire(item, _BY_TIMEOUT)
             for q in ready:
                 self._schedule(<ChatQueue>q)
             if expired or ready:
                 continue
+            with self._run_lock:
+                stop = self._timer_stop
+                if self._timer_next < until:
+                    until = self._timer_next
+                now = monotonic()
+                due = until <= now
+                if not stop and not due:
+                    # About to sleep (only then: a waker releases the wake
+                    # lock once per sleep, as the state says).
+                    self._timer_until = until
+                    self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+            if stop:
+                return
+            if due:
+                continue  # something became due while we looked
             if until == _INF:
                 delay = self._idle_timeout
             else:
-                delay = until - <double>monotonic()
-                if delay < 0.0:
-                    delay = 0.0
+                # A lock wait longer than TIMEOUT_MAX raises: wake up
+                # earlier and look again (every wait is bounded at its
+                # source too).
+                delay = until - now
+                if delay > _TIMEOUT_MAX_D:
+                    delay = _TIMEOUT_MAX_D
             if self._timer_wake.acquire(True, delay):
                 continue
             with self._run_lock:
@@ -1710,69 +2117,6 @@ cdef class DispatcherCore:
                 # Woken just after the timeout: consume that release.
                 self._timer_wake.acquire()
 
-    cdef double _pacing_tick_locked(self, double now, list ready) except? -1.0:
-        # With _run_lock held: move parked chats whose time came to
-        # ``ready``, grant starts from the global line, forget stale
-        # windows.  Return when to look again.
-        cdef double until = _INF
-        cdef double stamp, per
-        cdef ChatQueue q
-        cdef _Window window
-        cdef _Window glob = self._global_window
-        cdef list wakeups = self._wakeups
-        while wakeups:
-            if <double>wakeups[0][0] > now:
-                until = wakeups[0][0]
-                break
-            ready.append(_heappop(wakeups)[2])
-            self._parked -= 1
-        line = self._line
-        if self._line_len:
-            if self._pause_until > now:
-                until = min(until, self._pause_until)
-            else:
-                while self._line_len and glob.next_start(self._granted) <= now:
-                    q = line.popleft()
-                    self._line_len -= 1
-                    q._granted = True
-                    self._granted += 1
-                    self._parked -= 1
-                    ready.append(q)
-                if self._line_len:
-                    until = min(until, glob.next_start(self._granted))
-        for per_key, expiry in self._expiry.items():
-            # One entry per start, in start order; an entry is stale when
-            # its window has later ones (it started again since).
-            per = per_key
-            while expiry:
-                window = expiry[0]
-                if window.entries == 1:
-                    stamp = window.last() + per
-                    if stamp > now:
-                        until = min(until, stamp)
-                        break
-                    self._forget_window_locked(window)
-                window.entries -= 1
-                expiry.popleft()
-        return until
-
-    cdef int _forget_window_locked(self, _Window window) except -1:
-        # Its last start left the window: the chat's limit no longer
-        # constrains anything, so the window goes (a chat's next start makes
-        # a new one).  The chat id's __hash__/__eq__ run here: whatever they
-        # do, the timer goes on (the entry is then simply kept).
-        window.dead = True
-        try:
-            if self._windows.get(window.key) is window:
-                del self._windows[window.key]
-                if not self._windows:
-                    # A dict keeps its largest table after deletions: give
-                    # back the memory of a burst of chats.
-                    self._windows.clear()
-        except BaseException:
-            logger.exception("could not forget the rate-limit window of a chat")
-        return 0
-
     def _stop_timer(self):
         with self._run_lock:
             self._timer_stop = True
@@ -1788,7 +2132,7 @@ cdef class DispatcherCore:
         item._future = None
         FD_ADD(&self._counts[outcome], 1)
         if future is not None:
-            future.set_exception(error)
+            _future_finish(future, None, error)
         # on_done is called by the task's worker once the task returns (see
         # _run): a slow hook here would hold every other deadline, or
         # force_close().
@@ -1824,13 +2168,7 @@ cdef class DispatcherCore:
                 self._unlink_locked(item)
                 item._error = Cancelled("the dispatcher was force-closed")
                 running.append(item)
-            parked = [entry[2] for entry in self._wakeups]
-            parked.extend(self._line)
-            self._wakeups = []
-            self._line.clear()
-            self._line_len = 0
-            self._parked = self._granted = 0
-            self._pause_until = 0.0
+        parked = self._limiter.cancel_all()
         for item in running:
             self._expire(item, _BY_FORCE)
         for q in list(self._queues.values()):

@@ -13,6 +13,7 @@ without reordering anything.
 import math
 import numbers
 import random
+import threading
 
 __all__ = ["RateLimit", "Pacing", "RetryPolicy"]
 
@@ -24,6 +25,10 @@ def _positive_seconds(name, value, allow_zero=False):
     if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError("%s must be a %s finite number of seconds, got %r"
                          % (name, "non-negative" if allow_zero else "positive", value))
+    if value > threading.TIMEOUT_MAX:
+        # Every wait the dispatcher computes from it must fit a lock's wait.
+        raise ValueError("%s must be at most threading.TIMEOUT_MAX (%g) seconds, got %r"
+                         % (name, threading.TIMEOUT_MAX, value))
     return value
 
 

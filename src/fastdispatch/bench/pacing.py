@@ -18,14 +18,12 @@
   is ``python bench/instructions.py --pacing``).
 
 Each returns a dict of figures; :func:`run` turns them into the section's
-rows.  Start times are read by the tasks themselves, a moment after the
-dispatcher recorded the start: the window check allows one thread switch
-interval (``sys.getswitchinterval()``, 5 ms) for that lag.
+rows.  Start times are ``sc.started``: the time each task was called,
+the very stamp the limiter's windows hold, so the window check is exact.
 """
 
 import gc
 import statistics
-import sys
 import threading
 import time
 import tracemalloc
@@ -65,7 +63,7 @@ def paced_throughput(cls, limit=2_000, chats=10_000, seconds=5.0, threads=8):
     total = int(limit * seconds * 1.2) + 1
 
     def task(sc):
-        record(time.monotonic())
+        record(sc.started)
 
     d = cls(max_inflight=threads, queue_size=64,
             pacing=Pacing(global_limit=RateLimit(limit, per=1.0)))
@@ -82,7 +80,7 @@ def paced_throughput(cls, limit=2_000, chats=10_000, seconds=5.0, threads=8):
     return {
         "rate": rate,
         "ratio": rate / limit,
-        "max_window": max_in_window(starts, 1.0 - sys.getswitchinterval()),
+        "max_window": max_in_window(starts, 1.0),
         "limit": limit,
         "drained": done,
         "paced": d.stats().paced,

@@ -142,7 +142,7 @@ def run_paced(messages=PACED_MESSAGES, chats=PACED_CHATS, speedup=SPEEDUP):
     per = 1.0 / speedup
     chat_limit, global_limit = RateLimit(1, per=per), RateLimit(30, per=per)
     proc, base = start_server("--chat-limit", "1/%r" % per, "--global-limit", "30/%r" % per,
-                              "--tolerance", repr(0.2 * per))
+                              "--tolerance", repr(0.2 * per), "--exact-retry-after")
     try:
         res = run_fastdispatch(base, messages, chats, INFLIGHT,
                                pacing=Pacing(global_limit=global_limit, chat_limit=chat_limit),

@@ -13,56 +13,34 @@ import json
 import logging
 import threading
 import time
-import weakref
-from typing import Any, Dict, List, Optional
-from urllib.parse import urlsplit
+from typing import Any, Callable, Dict, List, Optional
 
-try:
-    import urllib3
-except ImportError:  # pragma: no cover - depends on the installation
-    raise ImportError("fastdispatch.telegram needs urllib3: pip install "
-                      "'fastdispatch[telegram]'") from None
-from urllib3.exceptions import HTTPError as _Urllib3Error
-
-from .._errors import DispatcherError, RetryAfter
+from .._errors import RetryAfter
+from .._http import (
+    DEFAULT_TIMEOUT, HttpTransportError, JsonHttpClient, PlatformError, PlatformNetworkError,
+    check_seconds)
 from ..platform import Capabilities, SenderInfo, SendResult
 
-__all__ = ["TelegramSender", "PlatformError", "TelegramNetworkError"]
+__all__ = ["TelegramSender", "PlatformError", "TelegramNetworkError", "MAX_RETRY_AFTER"]
 
-DEFAULT_TIMEOUT = 30.0  # seconds, for calls made without a SendContext
-_JSON_HEADERS = {"Content-Type": "application/json", "Connection": "keep-alive"}
+_log = logging.getLogger("fastdispatch.telegram")
 
-
-class PlatformError(DispatcherError):
-    """Telegram answered ``ok: false`` with a status that retrying cannot fix
-    (``400 Bad Request``, ``401``, ``403 Forbidden: bot was blocked by the
-    user``, ...), or an answer that is not a Bot API answer at all.
-
-    ``status`` is the ``error_code`` (the HTTP status), ``description`` the
-    server's text, ``parameters`` its ``parameters`` object (e.g.
-    ``migrate_to_chat_id``) or None, ``method`` the Bot API method.
-    Not retried by the dispatcher.
-    """
-
-    def __init__(self, status, description, parameters=None, method=""):
-        super().__init__(status, description)
-        self.status = status
-        self.description = description
-        self.parameters = parameters
-        self.method = method
-
-    def __str__(self):
-        return "%s: Telegram answered %s: %s" % (self.method or "Bot API", self.status,
-                                                 self.description)
-
-    def __reduce__(self):
-        return (type(self), (self.status, self.description, self.parameters, self.method))
+#: The longest ``retry_after`` a 429 is taken at (seconds; a day).  A
+#: platform's number is outside input: larger (or infinite) becomes this,
+#: which ``RetryPolicy.max_retry_after`` then refuses at once.
+MAX_RETRY_AFTER = 86400.0
+#: What a 429 without a usable ``retry_after`` (missing, negative, NaN, not
+#: a number) waits.
+DEFAULT_RETRY_AFTER = 1.0
+_MAX_DESCRIPTION = 1000  # characters of a server's description kept in an error
+_MAX_CHAT_ID = 1 << 63  # Bot API ids fit in 52 bits; anything past int64 is not an id
 
 
-class TelegramNetworkError(ConnectionError):
+class TelegramNetworkError(PlatformNetworkError):
     """The request may not have reached Telegram, or its answer did not
-    arrive: a ``5xx``, a refused or reset connection, a timeout, an answer
-    cut off.  A ``ConnectionError``, so ``RetryPolicy()`` retries it.
+    arrive: a ``5xx``, a refused or reset connection, the call's deadline,
+    an answer cut off.  A ``ConnectionError``, so ``RetryPolicy()`` retries
+    it.
 
     ``status`` is the HTTP status for a ``5xx``, else None; ``reason`` says
     what happened (without the token).  A send that failed this way *may*
@@ -70,68 +48,40 @@ class TelegramNetworkError(ConnectionError):
     the one duplicate the dispatcher cannot rule out.
     """
 
-    def __init__(self, method, reason, status=None):
-        super().__init__(reason)
-        self.method = method
-        self.reason = reason
-        self.status = status
 
-    def __str__(self):
-        return "%s: %s" % (self.method, self.reason)
+# -- answers: every number in them is outside input ------------------------------
 
-    def __reduce__(self):
-        return (type(self), (self.method, self.reason, self.status))
+def _whole_int(value):
+    return not isinstance(value, bool) and isinstance(value, int)
 
 
-# -- the token never reaches a log -------------------------------------------
-
-class _RedactTokens(logging.Filter):
-    """On urllib3's logger: replace every live sender's token by ``<token>``."""
-
-    def __init__(self):
-        super().__init__()
-        self._lock = threading.Lock()  # guards tokens
-        self.tokens = collections.Counter()  # token -> live senders holding it
-
-    def remember(self, sender, token):
-        with self._lock:
-            self.tokens[token] += 1
-        weakref.finalize(sender, self._forget, token)
-
-    def _forget(self, token):
-        with self._lock:
-            self.tokens[token] -= 1
-            if self.tokens[token] <= 0:
-                del self.tokens[token]
-
-    def filter(self, record):
-        with self._lock:
-            tokens = list(self.tokens)
-        if not tokens:
-            return True
-        try:
-            msg = record.getMessage()
-        except Exception:  # a broken record is not ours to fix
-            return True
-        if any(t in msg for t in tokens):
-            for t in tokens:
-                msg = msg.replace(t, "<token>")
-            record.msg, record.args = msg, None
-        return True
+def retry_after_seconds(value: Any) -> float:
+    """A 429's ``parameters.retry_after`` as seconds the dispatcher can wait:
+    a finite number in ``[0, MAX_RETRY_AFTER]``.  Larger (a 400-digit
+    integer, ``1e308``, infinity) is capped; anything else (missing,
+    negative, NaN, a string, a bool) is ``DEFAULT_RETRY_AFTER``."""
+    if _whole_int(value):
+        if value < 0:
+            return DEFAULT_RETRY_AFTER
+        return float(value) if value <= MAX_RETRY_AFTER else MAX_RETRY_AFTER
+    if isinstance(value, float) and value >= 0:  # NaN fails this
+        return value if value <= MAX_RETRY_AFTER else MAX_RETRY_AFTER
+    return DEFAULT_RETRY_AFTER
 
 
-_redact = _RedactTokens()
-logging.getLogger("urllib3.connectionpool").addFilter(_redact)
-logging.getLogger("urllib3.connection").addFilter(_redact)
+def _migrate_target(parameters):
+    """``parameters.migrate_to_chat_id`` if it is a supergroup's id, else None."""
+    new = (parameters or {}).get("migrate_to_chat_id")
+    if _whole_int(new) and -_MAX_CHAT_ID < new < 0:
+        return new
+    return None
 
-
-# -- answers -----------------------------------------------------------------
 
 def _decode(method, status, data):
     """Turn one HTTP answer into the result, or an exception to raise."""
     try:
         answer = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or an int past the digit limit
         answer = None
     if not isinstance(answer, dict) or "ok" not in answer:
         if status >= 500:
@@ -142,54 +92,65 @@ def _decode(method, status, data):
     if answer["ok"] is True:
         return answer.get("result"), None
     code = answer.get("error_code", status)
-    if isinstance(code, bool) or not isinstance(code, int):
+    if not _whole_int(code) or not 100 <= code <= 599:
         code = status
     description = answer.get("description")
     if not isinstance(description, str):
         description = "HTTP %d" % status
+    elif len(description) > _MAX_DESCRIPTION:
+        description = description[:_MAX_DESCRIPTION] + "..."
     parameters = answer.get("parameters")
     if not isinstance(parameters, dict):
         parameters = None
     if code == 429 or status == 429:
-        seconds = (parameters or {}).get("retry_after")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-                0 <= seconds < float("inf")):
-            seconds = 1.0
-        return None, RetryAfter(seconds)
+        return None, RetryAfter(retry_after_seconds((parameters or {}).get("retry_after")))
     if status >= 500 or code >= 500:
         return None, TelegramNetworkError(method, "HTTP %d: %s" % (code, description),
                                           code if code >= 500 else status)
     return None, PlatformError(code, description, parameters, method)
 
 
-def _reason(exc, secret):
-    text = str(exc)
-    if secret:
-        text = text.replace(secret, "<token>")
-    if len(text) > 200:
-        text = text[:200] + "..."
-    return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
-
-
 def _check_seconds(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0 < value < float("inf")):
-        raise ValueError("%s must be a positive number of seconds, got %r" % (name, value))
-    return float(value)
+    return check_seconds(name, value)
+
+
+# Parameters that name a message of the chat: a call holding one is about
+# that chat's messages, which stay in the old group when it migrates, so it
+# must not be resent to the supergroup (message ids differ there).
+_MESSAGE_REFERENCES = ("message_id", "message_ids", "reply_to_message_id", "reply_parameters",
+                       "from_chat_id")
 
 
 class TelegramSender:
     """Sends to the Telegram Bot API; a fastdispatch ``Sender``.
 
     ``TelegramSender(token, base_url="https://api.telegram.org", *,
-    pool_size=100, timeout=30.0, connect_timeout=10.0)``
+    pool_size=100, timeout=30.0, connect_timeout=10.0, on_migrate=None,
+    max_migrations=10000)``
 
     - ``pool_size``: keep-alive connections in the one pool all threads
-      share; a thread that finds them all busy waits for one (up to its
-      timeout).  Make it at least the dispatcher's ``max_inflight``.
-    - ``timeout``: seconds for calls made without a deadline (the optional
-      protocols, ``call``, and sends whose ``sc.remaining()`` is None).
+      share; a thread that finds them all busy waits for one (within its
+      deadline).  Make it at least the dispatcher's ``max_inflight``.
+    - ``timeout``: the deadline, in seconds, of calls made without one of
+      their own (the optional protocols, ``call``, and sends whose
+      ``sc.remaining()`` is None).  Every call's deadline is total:
+      connecting, sending and reading the whole answer.
     - ``connect_timeout``: at most this long to open a connection.
+    - ``on_migrate(old_chat_id, new_chat_id)``: called (with ids as strings,
+      on the worker thread that met it, once per group) when a group turned
+      out to have become a supergroup; None logs a warning instead.  An
+      exception in it is logged and ignored.
+    - ``max_migrations``: how many old -> new chat ids are remembered (the
+      oldest learned are forgotten first).
+
+    Migration: Telegram answers ``400`` with ``parameters.migrate_to_chat_id``
+    to a send to a group that became a supergroup.  The sender then sends
+    the same request to the new id (within the same deadline), remembers the
+    mapping, and sends every later call for the old id to the new one at
+    once.  Calls that name a message of the old group (``deleteMessage``,
+    ``editMessageText``, replies) are not resent: message ids differ in the
+    supergroup; they raise the ``PlatformError`` (and the mapping is still
+    learned).
 
     Thread-safe; one instance serves a whole bot.  :meth:`close` (or
     ``with``) closes the idle connections.
@@ -197,33 +158,35 @@ class TelegramSender:
 
     def __init__(self, token: str, base_url: str = "https://api.telegram.org", *,
                  pool_size: int = 100, timeout: float = DEFAULT_TIMEOUT,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0,
+                 on_migrate: Optional[Callable[[str, str], Any]] = None,
+                 max_migrations: int = 10000) -> None:
         if not isinstance(token, str):
             raise TypeError("token must be a str")
         if not token or any(c in token for c in "/?#% \t\r\n"):
             raise ValueError("token is not a bot token (it is empty or holds characters "
                              "that cannot be part of one)")
-        if not isinstance(base_url, str):
-            raise TypeError("base_url must be a str")
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("base_url must be an http:// or https:// URL, got %r" % (base_url,))
-        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-            raise ValueError("pool_size must be a positive int, got %r" % (pool_size,))
+        if on_migrate is not None and not callable(on_migrate):
+            raise TypeError("on_migrate must be callable or None")
+        if isinstance(max_migrations, bool) or not isinstance(max_migrations, int) \
+                or max_migrations < 1:
+            raise ValueError("max_migrations must be a positive int, got %r"
+                             % (max_migrations,))
         self._token = token
-        self.base_url = base_url.rstrip("/")
-        self.timeout = _check_seconds("timeout", timeout)
-        self.connect_timeout = _check_seconds("connect_timeout", connect_timeout)
+        self._http = JsonHttpClient(base_url, pool_size=pool_size, timeout=timeout,
+                                    connect_timeout=connect_timeout, secrets=(token,))
+        self.base_url = self._http.base_url
+        self.timeout = self._http.timeout
+        self.connect_timeout = self._http.connect_timeout
         prefix, colon, _ = token.partition(":")
         # The part before ":" is the bot's public user id; nothing else of
         # the token is ever shown.
         self.bot_id = prefix if colon and prefix.isdigit() else "?"
-        self._prefix = "%s/bot%s/" % (parts.path.rstrip("/"), token)
-        self._host, self._port, self._scheme = parts.hostname, parts.port, parts.scheme
-        # One pool for every worker thread; retries=False: never retry here.
-        self._pool = urllib3.connection_from_url(
-            self.base_url, maxsize=pool_size, block=True, retries=False)
-        _redact.remember(self, token)
+        self._prefix = "/bot%s/" % token
+        self.on_migrate = on_migrate
+        self.max_migrations = max_migrations
+        self._migrations_lock = threading.Lock()  # guards _migrations
+        self._migrations: "collections.OrderedDict[str, int]" = collections.OrderedDict()
 
     def __repr__(self) -> str:
         return "TelegramSender(base_url=%r, bot_id=%r)" % (self.base_url, self.bot_id)
@@ -234,7 +197,7 @@ class TelegramSender:
     def close(self) -> None:
         """Close the pool's connections.  Final: later calls raise
         :class:`TelegramNetworkError`."""
-        self._pool.close()
+        self._http.close()
 
     def __enter__(self) -> "TelegramSender":
         return self
@@ -242,41 +205,89 @@ class TelegramSender:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    # -- migrations ----------------------------------------------------------
+
+    def migrated_chat_id(self, chat_id: Any) -> str:
+        """Where calls for ``chat_id`` go: the supergroup it became, if this
+        sender learned so, else ``chat_id`` itself (as a string)."""
+        key = str(chat_id)
+        with self._migrations_lock:
+            new = self._migrations.get(key)
+        return key if new is None else str(new)
+
+    def migrations(self) -> Dict[str, str]:
+        """Every remembered ``old -> new`` chat id (strings), oldest first."""
+        with self._migrations_lock:
+            return {old: str(new) for old, new in self._migrations.items()}
+
+    def _learn_migration(self, old, new):
+        with self._migrations_lock:
+            known = self._migrations.get(old)
+            self._migrations[old] = new
+            self._migrations.move_to_end(old)
+            while len(self._migrations) > self.max_migrations:
+                self._migrations.popitem(last=False)
+        if known == new:
+            return
+        hook = self.on_migrate
+        if hook is None:
+            _log.warning("chat %s became the supergroup %s: later messages to it go there",
+                         old, new)
+            return
+        try:
+            hook(old, str(new))
+        except Exception:  # user code: logged, never into the send
+            _log.exception("on_migrate(%r, %r) raised", old, str(new))
+
     # -- the one way out ---------------------------------------------------
 
     def call(self, method: str, params: Optional[Dict[str, Any]] = None, *,
              timeout: Optional[float] = None) -> Any:
         """Call any Bot API method with JSON ``params``; return its
         ``result``, or raise ``RetryAfter`` / :class:`TelegramNetworkError` /
-        :class:`PlatformError` as described in the module docstring."""
-        if timeout is None:
-            timeout = self.timeout
-        body = json.dumps(params or {}, separators=(",", ":")).encode()
-        t = timeout if timeout > 0.001 else 0.001
+        :class:`PlatformError` as described in the package docstring.  The
+        whole call, a resend after a migration included, ends within
+        ``timeout`` seconds (default: the sender's ``timeout``)."""
+        t = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + t
+        params = dict(params or {})
+        follows = "chat_id" in params and not any(k in params for k in _MESSAGE_REFERENCES)
+        if "chat_id" in params:
+            with self._migrations_lock:
+                new = self._migrations.get(str(params["chat_id"]))
+            if new is not None and follows:
+                params["chat_id"] = new
+        for _ in range(3):  # a migration is followed at most twice
+            result, err = self._call_once(method, params, deadline - time.monotonic())
+            if err is None:
+                return result
+            new = _migrate_target(err.parameters) if isinstance(err, PlatformError) else None
+            if new is None or "chat_id" not in params or str(new) == str(params["chat_id"]):
+                raise err
+            self._learn_migration(str(params["chat_id"]), new)
+            if not follows:
+                raise err
+            params["chat_id"] = new
+            if deadline - time.monotonic() <= 0:
+                raise TelegramNetworkError(method, "the deadline passed before the resend to "
+                                           "the supergroup %s" % new)
+        raise err
+
+    def _call_once(self, method, params, timeout):
         err = None
         try:
-            response = self._pool.urlopen(
-                "POST", self._prefix + method, body=body, headers=_JSON_HEADERS,
-                retries=False, redirect=False, assert_same_host=False,
-                timeout=urllib3.Timeout(connect=min(t, self.connect_timeout), read=t),
-                # urllib3 annotates int, but hands it to queue.get(timeout=): a float works
-                pool_timeout=t)  # type: ignore[arg-type]
-            status, data = response.status, response.data
-        except (_Urllib3Error, OSError) as exc:
-            # Built here, raised below: outside this block, the new error has
-            # no __context__ that could carry the URL (and the token).
-            err = TelegramNetworkError(method, _reason(exc, self._token))
+            answer = self._http.request("POST", self._prefix + method, json=params,
+                                        timeout=timeout)
+        except HttpTransportError as exc:
+            err = TelegramNetworkError(method, exc.reason)
         if err is not None:
-            raise err
-        result, err = _decode(method, status, data)
-        if err is not None:
-            raise err
-        return result
+            return None, err
+        return _decode(method, answer.status, answer.data)
 
     # -- Sender ------------------------------------------------------------
 
     def send(self, sc: Any, request: Any) -> SendResult:
-        """``sendMessage`` to ``request.target.id``; the timeout is
+        """``sendMessage`` to ``request.target.id``, all within
         ``sc.remaining()``.  Returns ``SendResult(message_id, raw=result)``."""
         remaining = sc.remaining()
         if remaining is not None and remaining <= 0:
@@ -284,8 +295,9 @@ class TelegramSender:
         result = self.call("sendMessage", {"chat_id": request.target.id,
                                            "text": request.message.text},
                            timeout=remaining)
-        message_id = result.get("message_id", "") if isinstance(result, dict) else ""
-        return SendResult(message_id=str(message_id), raw=result)
+        message_id = result.get("message_id") if isinstance(result, dict) else None
+        return SendResult(message_id=str(message_id) if _whole_int(message_id) else "",
+                          raw=result)
 
     # -- the optional protocols ---------------------------------------------
 
@@ -337,26 +349,20 @@ class TelegramSender:
     # -- for TelegramPoller: a connection of its own, which stop() can cut --
 
     def _connect(self, timeout):
-        cls = (urllib3.connection.HTTPSConnection if self._scheme == "https"
-               else urllib3.connection.HTTPConnection)
-        return cls(self._host, self._port, timeout=timeout)
+        return self._http.connect(timeout)
 
     def _call_on(self, conn, method, params, timeout):
-        """Like :meth:`call`, on a connection of the caller's (not the pool)."""
-        body = json.dumps(params, separators=(",", ":")).encode()
+        """Like :meth:`call`, on a connection of the caller's (not the pool),
+        all within ``timeout``."""
         err = None
         try:
-            conn.timeout = timeout
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
-            conn.request("POST", self._prefix + method, body=body, headers=_JSON_HEADERS)
-            response = conn.getresponse()
-            status, data = response.status, response.data
-        except (_Urllib3Error, OSError) as exc:
-            err = TelegramNetworkError(method, _reason(exc, self._token))
+            answer = self._http.request_on(conn, "POST", self._prefix + method, json=params,
+                                           timeout=timeout)
+        except HttpTransportError as exc:
+            err = TelegramNetworkError(method, exc.reason)
         if err is not None:
             raise err
-        result, err = _decode(method, status, data)
+        result, err = _decode(method, answer.status, answer.data)
         if err is not None:
             raise err
         return result

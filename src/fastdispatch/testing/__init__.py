@@ -1,9 +1,13 @@
 """``fastdispatch.testing``: local platform API servers for tests.
 
 :class:`FakeTelegramServer` (``_telegram.py``) is a real HTTP server on
-127.0.0.1 that speaks enough of the Telegram Bot API for a bot's own tests;
-its module docstring says what it emulates and what it does not.
-``python -m fastdispatch.testing`` runs one from the command line.
+127.0.0.1 that speaks enough of the Telegram Bot API for a bot's own tests,
+with python-telegram-bot, aiogram, pyTelegramBotAPI or fastdispatch; what it
+emulates and what it does not is a table in ``docs/telegram.md``.  It is
+built on :class:`~fastdispatch.testing._server.LocalServer` (``_server.py``),
+the threaded server, fault plan, record and control endpoint that a fake of
+another platform shares.  ``python -m fastdispatch.testing`` runs one from
+the command line, controllable over HTTP.
 """
 
 from ._telegram import FakeTelegramServer, SentMessage, telegram_limits

@@ -1,4 +1,15 @@
-"""``python -m fastdispatch.testing``: a local Bot API server from the command line."""
+"""``python -m fastdispatch.testing``: a local Bot API server from the command
+line, controllable over HTTP, for a bot in another process or language.
+
+It prints its base URL on the first line and its control URL on the second,
+serves until SIGTERM or Ctrl-C, then prints its counters as one line of
+JSON.  The control endpoint (``POST <control URL>/<action>`` with a JSON
+object of keyword arguments) offers what the Python API does::
+
+    curl -s -X POST http://127.0.0.1:PORT/control/push_message \\
+         -d '{"chat_id": 42, "text": "/start"}'
+    curl -s -X POST http://127.0.0.1:PORT/control/messages -d '{"chat_id": 42}'
+"""
 
 import argparse
 import json
@@ -12,45 +23,51 @@ from ._telegram import FakeTelegramServer
 
 def _parse_limit(text):
     count, _, per = text.partition("/")
-    return RateLimit(int(count), per=float(per or 1))
+    try:
+        return RateLimit(int(count), per=float(per or 1))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("%r is not COUNT/SECONDS (%s)" % (text, exc))
 
 
 def main(argv=None):
     """``python -m fastdispatch.testing``: serve until interrupted."""
     parser = argparse.ArgumentParser(
         prog="python -m fastdispatch.testing",
-        description="Run a FakeTelegramServer on 127.0.0.1 until interrupted (SIGTERM or "
-                    "Ctrl-C); prints its base URL on the first line, and its counters as "
-                    "JSON when it stops.")
+        description="Run a FakeTelegramServer on 127.0.0.1 until interrupted. It prints its "
+                    "base URL on the first line and its control URL on the second; POST a "
+                    "JSON object to <control URL>/<action> to push updates, inject faults, "
+                    "read a chat's record or reset (actions: %s)."
+                    % ", ".join(FakeTelegramServer.control_actions))
     parser.add_argument("--port", type=int, default=0,
-                        help="port to listen on (default: 0, a free port the OS picks)")
+                        help="port (default: 0, the OS picks one)")
     parser.add_argument("--token", default=None,
-                        help="the only bot token accepted; any other gets 401 "
-                             "(default: every token is accepted)")
-    parser.add_argument("--chat-limit", type=_parse_limit, default=None, metavar="COUNT/SECONDS",
-                        help="sendMessage limit per private chat, e.g. 1/1 as Telegram's "
-                             "(default: no limit)")
-    parser.add_argument("--group-limit", type=_parse_limit, default=None,
-                        metavar="COUNT/SECONDS",
-                        help="limit per group (a negative chat id), e.g. 20/60 as "
-                             "Telegram's (default: groups get --chat-limit)")
+                        help="the only token accepted (default: any <digits>:<secret>)")
+    parser.add_argument("--chat-limit", type=_parse_limit, default=None, metavar="N/SECONDS",
+                        help="per private chat, e.g. 1/1 (default: none)")
+    parser.add_argument("--group-limit", type=_parse_limit, default=None, metavar="N/SECONDS",
+                        help="per group, e.g. 20/60 (default: none)")
     parser.add_argument("--global-limit", type=_parse_limit, default=None,
-                        metavar="COUNT/SECONDS",
-                        help="bot-wide limit, e.g. 30/1 as Telegram's (default: no limit)")
-    parser.add_argument("--latency-ms", type=float, default=0.0, metavar="MS",
+                        metavar="N/SECONDS", help="bot-wide, e.g. 30/1 (default: none)")
+    parser.add_argument("--exact-retry-after", action="store_true",
+                        help="answer 429s with the exact fractional retry_after instead of "
+                             "whole seconds (for limits scaled down to milliseconds)")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
                         help="milliseconds every answer is held back (default: 0)")
-    parser.add_argument("--tolerance", type=float, default=0.0, metavar="SECONDS",
-                        help="seconds shaved off every limit window, for network jitter "
-                             "(default: 0)")
+    parser.add_argument("--tolerance", type=float, default=0.0,
+                        help="seconds shaved off every limit window, for jitter (default: 0)")
+    parser.add_argument("--no-control", action="store_true",
+                        help="do not serve the /control endpoint")
     args = parser.parse_args(argv)
     server = FakeTelegramServer(args.token, chat_limit=args.chat_limit,
                                 group_limit=args.group_limit, global_limit=args.global_limit,
+                                exact_retry_after=args.exact_retry_after,
                                 latency=args.latency_ms / 1000.0, port=args.port,
-                                tolerance=args.tolerance)
+                                tolerance=args.tolerance, control=not args.no_control)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     with server:
         sys.stdout.write(server.base_url + "\n")
+        sys.stdout.write((server.control_url if server.control else "control: off") + "\n")
         sys.stdout.flush()
         try:
             while not stop.wait(0.5):

@@ -1,16 +1,21 @@
 """``fastdispatch.testing``: a local Telegram Bot API server for tests.
 
 :class:`FakeTelegramServer` is a real HTTP/1.1 server (keep-alive, one
-thread per connection) on 127.0.0.1, on a port the OS picks.  It speaks the
-part of the Bot API that ``fastdispatch.telegram`` uses, enforces Telegram's
-rate limits (per chat, per group, bot-wide; any sizes, so tests can scale
-them down) with real ``429`` answers carrying ``parameters.retry_after``,
-injects faults on demand (latency, ``5xx``, dropped connections, garbage,
-answers cut off mid-body), queues updates for ``getUpdates`` long polling,
-and records, per chat, every message that arrived and when.
+thread per connection; the machinery is :class:`~._server.LocalServer`) on
+127.0.0.1, on a port the OS picks.  It speaks the part of the Bot API a bot
+that sends text uses, answers as Telegram does (the objects carry the fields
+the Bot API marks required; errors have Telegram's descriptions and
+``parameters``), enforces Telegram's rate limits (per chat, per group,
+bot-wide; any sizes, so tests can scale them down) with real ``429``
+answers, injects faults on demand (latency, ``5xx``, dropped connections,
+garbage, answers cut off mid-body), queues updates for ``getUpdates`` long
+polling, migrates a group to a supergroup on demand, and records, per chat,
+every message that arrived and when.
 
 It is a product, not a fixture: a bot's own test suite can use it the way
-this project's tests and ``python -m fastdispatch demo`` do::
+this project's tests and ``python -m fastdispatch demo`` do, with
+fastdispatch or with python-telegram-bot, aiogram or pyTelegramBotAPI
+(``tests/test_fake_server_clients.py`` runs all three against it)::
 
     from fastdispatch.testing import FakeTelegramServer
     from fastdispatch.telegram import TelegramSender
@@ -20,46 +25,40 @@ this project's tests and ``python -m fastdispatch demo`` do::
         ...                                   # run the bot against it
         assert [m.text for m in server.messages("42")] == ["hello", "bye"]
 
-``python -m fastdispatch.testing`` runs one from the command line (for a bot
-written in any language, or to measure a client without the server sharing
-its process).
+``python -m fastdispatch.testing`` runs one from the command line, with the
+control endpoint on (push updates, inject faults, read the record over
+HTTP), for a bot written in any language.
 
-What it does NOT emulate (see ``docs/telegram.md``): files, media, keyboards,
-``parse_mode`` rendering, message editing, inline mode, payments, channels'
-own rules, webhook *delivery* (``setWebhook`` is stored and makes
-``getUpdates`` answer 409, as Telegram does, but updates are not POSTed to
-the URL), Telegram's undocumented extra limits and its whole-second
-``retry_after`` rounding (the fake answers the exact remaining time, rounded
-up to milliseconds, so scaled-down limits stay meaningful).
+What it emulates and what it does not is a table in ``docs/telegram.md``.
+The main simplifications: any chat id is a chat (no "chat not found"), text
+only (no files, media, keyboards' effects, ``parse_mode`` rendering), no
+inline mode, payments or channels' own rules, webhook *delivery* is not
+done here (``setWebhook`` is stored and makes ``getUpdates`` answer 409, as
+Telegram does).
 
-Threads and locks.  Request handlers run on the server's connection threads.
-``_lock`` guards every piece of mutable state below it in ``__init__`` (the
-record, the limit windows, the fault plan, the counters, the update queue);
-``_updates_changed`` is a Condition on that same lock, which long polls wait
-on.  Sleeping (latency, injected delays) happens outside the lock.
+Chats are typed by their id, as Telegram's are: positive ids are private
+chats, ids from ``-1000000000000`` down are supergroups, other negative ids
+basic groups (the kind that can migrate), ``@username`` a channel.
+
+Threads and locks: ``_lock`` (from the base) guards every piece of mutable
+state set in :meth:`FakeTelegramServer._reset_state` (the record, the stored
+messages, the limit windows, the fault plan, the counters, the update queue,
+the migrations); ``_changed`` (alias ``_updates_changed``) is a Condition on
+it that long polls wait on.  Sleeping happens outside the lock.
 """
 
 import collections
 import itertools
 import json
-import logging
 import math
-import random
-import socket
-import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, NamedTuple, Optional, Set
-from urllib.parse import parse_qsl
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from ..pacing import RateLimit
+from ._server import BadParams, LocalServer, parse_params
 
 __all__ = ["FakeTelegramServer", "SentMessage", "telegram_limits"]
-
-_log = logging.getLogger("fastdispatch.testing")
-
-_FAULTS = ("error", "too_many", "drop", "drop_after", "garbage", "truncate", "delay")
 
 
 def telegram_limits(speedup: float = 1.0) -> Dict[str, RateLimit]:
@@ -114,22 +113,6 @@ def _as_limit(name, value):
                     % (name, value))
 
 
-def _check_latency(latency):
-    def seconds(x):
-        return not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x < math.inf
-    if isinstance(latency, tuple) and len(latency) == 2 and all(map(seconds, latency)) \
-            and latency[0] <= latency[1]:
-        return (float(latency[0]), float(latency[1]))
-    if seconds(latency):
-        return float(latency)
-    raise ValueError("latency must be seconds >= 0 or a (low, high) tuple of them, got %r"
-                     % (latency,))
-
-
-def _is_group(chat_key):
-    return chat_key[:1] == "-"
-
-
 class _Answer(Exception):
     """Raised inside a method to answer ``ok: false``."""
 
@@ -140,16 +123,37 @@ class _Answer(Exception):
         self.parameters = parameters
 
 
-def _chat_key(params):
-    chat_id = params.get("chat_id")
-    if chat_id is None or chat_id == "":
-        raise _Answer(400, "Bad Request: chat_id is empty")
-    if isinstance(chat_id, bool) or not isinstance(chat_id, (int, str)):
-        raise _Answer(400, "Bad Request: chat not found")
-    key = str(chat_id)
-    if not (key.lstrip("-").isdigit() or key.startswith("@")):
-        raise _Answer(400, "Bad Request: chat not found")
-    return key
+_SUPERGROUP_BELOW = -1000000000000  # supergroup and channel ids: -100 then the channel's id
+
+
+def chat_type(key: str) -> str:
+    """The type of the chat with this id, by Telegram's numbering."""
+    if key.startswith("@"):
+        return "channel"
+    chat_id = int(key)
+    if chat_id > 0:
+        return "private"
+    return "supergroup" if chat_id <= _SUPERGROUP_BELOW else "group"
+
+
+def _is_group(key):
+    return key[:1] == "-"
+
+
+def _chat_id_value(key):
+    return int(key) if key.lstrip("-").isdigit() else key
+
+
+def _chat_json(key):
+    """The ``Chat`` object for a chat key (required: ``id``, ``type``)."""
+    kind = chat_type(key)
+    if kind == "channel":
+        return {"id": _SUPERGROUP_BELOW - (sum(map(ord, key)) * 7919) % 10 ** 9,
+                "type": "channel", "title": key[1:], "username": key[1:]}
+    chat_id = int(key)
+    if kind == "private":
+        return {"id": chat_id, "type": "private", "first_name": "User %d" % chat_id}
+    return {"id": chat_id, "type": kind, "title": "Group %d" % chat_id}
 
 
 def _int_param(params, name, default=None, required=False):
@@ -166,84 +170,86 @@ def _int_param(params, name, default=None, required=False):
         raise _Answer(400, "Bad Request: invalid %s" % name) from None
 
 
-def _chat_json(key):
-    try:
-        chat_id = int(key)
-    except ValueError:
-        return {"id": -1000000000000 - (hash(key) % 1000000), "type": "channel", "title": key}
-    if chat_id < 0:
-        return {"id": chat_id, "type": "supergroup", "title": "Group %s" % key}
-    return {"id": chat_id, "type": "private", "first_name": "User %s" % key}
+def _bool_param(params, name):
+    value = params.get(name)
+    return value is True or str(value).lower() in ("true", "1")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "FakeTelegram/1"
-
-    def setup(self):
-        super().setup()
+def _json_param(params, name):
+    """An object parameter: a JSON value, or a JSON text (form and multipart
+    bodies carry objects as JSON text)."""
+    value = params.get(name)
+    if isinstance(value, str):
         try:
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:  # pragma: no cover - not a TCP socket
-            pass
-        self.server.fake._connection_opened(self.connection)
-
-    def finish(self):
-        try:
-            super().finish()
-        finally:
-            self.server.fake._connection_closed(self.connection)
-
-    def log_message(self, format, *args):  # quiet: tests read the record instead
-        pass
-
-    def do_GET(self):
-        self.server.fake._handle(self)
-
-    do_POST = do_GET
-
-    def _write(self, status, body, content_type=b"application/json", declared=None):
-        reason = self.responses.get(status, ("Unknown",))[0].encode("latin-1")
-        length = len(body) if declared is None else declared
-        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
-            status, reason, content_type, length)
-        if self.close_connection:
-            head += b"Connection: close\r\n"
-        self.wfile.write(head + b"\r\n" + body)
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
 
 
-class _Server(ThreadingHTTPServer):
-    fake: Any = None  # the FakeTelegramServer it serves
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-
-    def handle_error(self, request, client_address):
-        # A client that goes away mid-request (a timeout, a test that
-        # closes its connection) is normal here, not worth a traceback.
-        exc = sys.exc_info()[1]
-        if isinstance(exc, OSError):
-            return
-        _log.exception("FakeTelegramServer: error while serving %s", client_address)
+def _text_param(params):
+    text = params.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise _Answer(400, "Bad Request: message text is empty")
+    if len(text) > 4096:
+        raise _Answer(400, "Bad Request: message is too long")
+    return text
 
 
-class FakeTelegramServer:
+class _Stored:
+    """A message that exists in a chat (the bot's own or an incoming one)."""
+
+    __slots__ = ("message", "outgoing")
+
+    def __init__(self, message, outgoing):
+        self.message = message  # the Message object as the API shows it
+        self.outgoing = outgoing  # sent by the bot
+
+
+#: What ``getChatAdministrators`` shows of an administrator's rights: every
+#: field the Bot API marks required on ``ChatMemberAdministrator``.
+_ADMIN_RIGHTS = {
+    "can_be_edited": False, "is_anonymous": False, "can_manage_chat": True,
+    "can_delete_messages": True, "can_manage_video_chats": True,
+    "can_restrict_members": True, "can_promote_members": False, "can_change_info": True,
+    "can_invite_users": True, "can_post_stories": False, "can_edit_stories": False,
+    "can_delete_stories": False, "can_send_welcome_messages": False,
+    "can_pin_messages": True, "can_manage_topics": False,
+}
+
+_CHAT_ACTIONS = frozenset((
+    "typing", "upload_photo", "record_video", "upload_video", "record_voice", "upload_voice",
+    "upload_document", "choose_sticker", "find_location", "record_video_note",
+    "upload_video_note"))
+
+
+class FakeTelegramServer(LocalServer):
     """A local Bot API server: limits, faults, updates and a record per chat.
 
     ``FakeTelegramServer(token=None, *, chat_limit=None, group_limit=None,
-    global_limit=None, tolerance=0.0, latency=0.0, seed=None, max_body=1 MiB)``
+    global_limit=None, tolerance=0.0, exact_retry_after=False, latency=0.0,
+    seed=None, max_body=1 MiB, bot_is_admin=True, control=False)``
 
     - ``token``: the only bot token accepted (``401 Unauthorized`` for any
-      other); None accepts every token.
+      other); None accepts every token of the form ``<digits>:<secret>``.
+      The bot's user id (``getMe``, ``from`` of its messages) is the
+      token's numeric part, as with Telegram.
     - ``chat_limit``, ``group_limit``, ``global_limit``: a
       :class:`~fastdispatch.RateLimit` (or ``(count, per)``) or None (no
       limit).  ``sendMessage`` to a group (a negative chat id) counts
       against ``group_limit`` (``chat_limit`` when there is none), to any
       other chat against ``chat_limit``; every accepted ``sendMessage``
       counts against ``global_limit``.  Over a limit, the answer is ``429``
-      with ``parameters.retry_after`` = the seconds until the window has
-      room.  Refused sends do not count.  :func:`telegram_limits` gives
-      Telegram's, scaled.
+      with ``parameters.retry_after``.  Refused sends do not count.
+      :func:`telegram_limits` gives Telegram's, scaled.
+    - ``exact_retry_after``: by default ``retry_after`` is what the Bot API
+      documents, an Integer: the seconds until the window has room, rounded
+      up to a whole second (so a 50 ms window answers 1).  True answers
+      the exact remaining time, rounded up to the millisecond, as a float:
+      for limits scaled down to milliseconds, where a whole second would
+      dwarf the window.  Clients that read the field as Telegram types it
+      (aiogram) reject a float, so use it only with clients that accept one
+      (fastdispatch's ``TelegramSender`` does).
     - ``tolerance``: seconds shaved off every window, for the jitter between
       a client starting a request and the server seeing it (with
       millisecond windows that jitter is a real fraction of the window).
@@ -252,6 +258,11 @@ class FakeTelegramServer:
       request is processed (and a message recorded) when it arrives; the
       latency delays the answer.
     - ``seed``: for the random latency and the random fault rates.
+    - ``bot_is_admin``: the bot is an administrator of every group (it may
+      delete other users' messages there, and ``getChatAdministrators``
+      lists it); False: it is a plain member.
+    - ``control``: serve ``/control/<action>`` (see
+      :data:`control_actions` and ``docs/telegram.md``).
 
     The server is started by :meth:`start` or ``with``; :attr:`base_url` is
     what ``TelegramSender(base_url=...)`` takes.  Costs: the record keeps
@@ -259,135 +270,72 @@ class FakeTelegramServer:
     phases of a long test.
     """
 
+    server_name = "FakeTelegram/2"
+    thread_name = "fake-telegram"
+    default_fault_method = "sendMessage"
+    control_actions = LocalServer.control_actions + (
+        "push_update", "push_message", "update", "pending_updates", "migrate_chat",
+        "set_chat_administrators", "deleted", "chat_actions", "restrictions", "edits",
+        "migrations")
+
     def __init__(self, token: Optional[str] = None, *, chat_limit: Any = None,
                  group_limit: Any = None, global_limit: Any = None, tolerance: float = 0.0,
-                 latency: Any = 0.0, seed: Optional[int] = None,
-                 max_body: int = 1 << 20, host: str = "127.0.0.1", port: int = 0) -> None:
+                 exact_retry_after: bool = False, latency: Any = 0.0,
+                 seed: Optional[int] = None, max_body: int = 1 << 20,
+                 bot_is_admin: bool = True, control: bool = False,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str or None")
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
                 0 <= tolerance < math.inf):
             raise ValueError("tolerance must be a non-negative number of seconds")
-        if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
-            raise ValueError("max_body must be a positive int")
         self.token = token
         self.chat_limit = _as_limit("chat_limit", chat_limit)
         self.group_limit = _as_limit("group_limit", group_limit)
         self.global_limit = _as_limit("global_limit", global_limit)
         self.tolerance = float(tolerance)
-        self.latency = latency
-        self.max_body = max_body
-        self._host, self._port = host, port
-        self._server: Optional[_Server] = None
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()  # guards everything below
-        self._updates_changed = threading.Condition(self._lock)
-        self._rng = random.Random(seed)
-        self._connections: Set[socket.socket] = set()
+        self.exact_retry_after = bool(exact_retry_after)
+        self.bot_is_admin = bool(bot_is_admin)
+        self._tls = threading.local()  # .bot: the User of the bot making this request
+        super().__init__(latency=latency, seed=seed, max_body=max_body, host=host,
+                         port=port, control=control)
+        self._updates_changed = self._changed  # long polls wait on it
         self._poll_generation = 0
-        self._stopping = False
-        self._reset_state()
 
     def _reset_state(self):
         # Called with _lock held (or before the server runs).
-        self._record = collections.defaultdict(list)  # chat key -> [SentMessage]
-        self._order = []  # every SentMessage, in arrival order
-        self._next_message_id = collections.defaultdict(lambda: 0)
+        super()._reset_state()
+        self._next_message_id = collections.defaultdict(int)  # chat key -> last id
+        self._stored: Dict[str, Dict[int, _Stored]] = collections.defaultdict(dict)
         self._windows = {}
         self._global_window = None
-        self._planned = collections.deque()  # (fault, method, options)
-        self._rates = {}
-        self._rate_method = "sendMessage"
-        self._counts = collections.Counter()
         self._updates = collections.deque()
+        self._pushed: Dict[int, Dict[str, Any]] = {}  # update_id -> update, as queued
         self._update_ids = itertools.count(1000)
         self._deleted = []
         self._actions = []
         self._restrictions = []
+        self._edits = []
         self._admins = {}
+        self._migrated: Dict[str, int] = {}  # old group key -> supergroup id
+        self._migrate_after: Dict[str, tuple] = {}  # key -> (messages left, new id)
         self._webhook = None
-
-    @property
-    def latency(self) -> Any:
-        """Seconds each answer is held back, or ``(low, high)``; settable."""
-        return self._latency
-
-    @latency.setter
-    def latency(self, value: Any) -> None:
-        self._latency = _check_latency(value)
-
-    # -- lifecycle ---------------------------------------------------------
-
-    def start(self) -> "FakeTelegramServer":
-        """Bind 127.0.0.1 on a free port and serve on a background thread."""
-        if self._server is not None:
-            raise RuntimeError("the server is already started")
-        server = _Server((self._host, self._port), _Handler)
-        server.fake = self
-        self._server = server
-        self._stopping = False
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                  name="fake-telegram", daemon=True)
-        self._thread = thread
-        thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving, end long polls, close every connection.  Idempotent."""
-        server = self._server
-        if server is None:
-            return
-        with self._lock:
-            self._stopping = True
-            self._updates_changed.notify_all()
-            connections = list(self._connections)
-        server.shutdown()
-        server.server_close()
-        for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(5)
-        self._server = None
-
-    def __enter__(self) -> "FakeTelegramServer":
-        return self.start()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the server is not started")
-        return self._server.server_address[1]
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:<port>``: pass it as ``TelegramSender(base_url=...)``."""
-        return "http://127.0.0.1:%d" % self.port
-
-    def _connection_opened(self, conn):
-        with self._lock:
-            self._connections.add(conn)
-            self._counts["connections"] += 1
-
-    def _connection_closed(self, conn):
-        with self._lock:
-            self._connections.discard(conn)
 
     # -- faults ------------------------------------------------------------
 
     def inject(self, fault: str, count: int = 1, *, method: Optional[str] = "sendMessage",
-               status: int = 500, retry_after: float = 1.0, seconds: float = 0.0) -> None:
+               status: int = 500, retry_after: float = 1.0, seconds: float = 0.0,
+               html: Optional[bool] = None) -> None:
         """Answer the next ``count`` calls of ``method`` (None: any method)
         with a fault, in order, before the random rates are consulted:
 
-        - ``"error"``: HTTP ``status`` (default 500; 502/503/504 come with an
-          HTML body, as from a proxy), nothing recorded;
-        - ``"too_many"``: 429 with ``parameters.retry_after``, nothing recorded;
+        - ``"error"``: HTTP ``status`` (default 500) with Telegram's JSON
+          error (``{"ok": false, "error_code": 502, "description": "Bad
+          Gateway"}``), nothing recorded; ``html=True`` sends a proxy's HTML
+          page instead (the default for 502/503/504 is JSON unless
+          ``html``);
+        - ``"too_many"``: 429 with ``parameters.retry_after`` (whole seconds,
+          rounded up, unless ``exact_retry_after``), nothing recorded;
         - ``"drop"``: the connection is closed before the call is processed;
         - ``"drop_after"``: the call is processed (the message IS recorded),
           then the connection is closed without an answer;
@@ -395,14 +343,8 @@ class FakeTelegramServer:
         - ``"truncate"``: processed, then an answer cut off mid-body;
         - ``"delay"``: held ``seconds`` before it is processed normally.
         """
-        if fault not in _FAULTS:
-            raise ValueError("fault must be one of %s, got %r" % (", ".join(_FAULTS), fault))
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError("count must be a non-negative int")
-        options = {"status": int(status), "retry_after": float(retry_after),
-                   "seconds": float(seconds)}
-        with self._lock:
-            self._planned.extend([(fault, method, options)] * count)
+        self._plan_fault(fault, count, method, status=status, retry_after=retry_after,
+                         seconds=seconds, html=html)
 
     def set_fault_rates(self, *, method: Optional[str] = "sendMessage", error: float = 0.0,
                         too_many: float = 0.0, drop: float = 0.0, drop_after: float = 0.0,
@@ -411,32 +353,28 @@ class FakeTelegramServer:
         gets a 5xx with probability ``error``, a 429 with ``too_many``, a
         dropped connection with ``drop`` (nothing recorded) or
         ``drop_after`` (recorded, then dropped).  All zero: none."""
-        rates = {"error": error, "too_many": too_many, "drop": drop, "drop_after": drop_after}
-        for name, rate in rates.items():
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
-                raise ValueError("%s must be a probability between 0 and 1" % name)
-        if sum(rates.values()) > 1:
-            raise ValueError("the fault rates must add up to at most 1")
-        with self._lock:
-            self._rates = {k: float(v) for k, v in rates.items() if v}
-            self._rate_method = method
-            self._rate_options = {"status": int(status), "retry_after": float(retry_after),
-                                  "seconds": 0.0}
+        self._plan_rates(method, {"error": error, "too_many": too_many, "drop": drop,
+                                  "drop_after": drop_after},
+                         status=status, retry_after=retry_after)
 
-    def _pick_fault(self, method):
-        # Called with _lock held.
-        planned = self._planned
-        for i, (fault, fmethod, options) in enumerate(planned):
-            if fmethod is None or fmethod == method:
-                del planned[i]
-                return fault, options
-        if self._rates and (self._rate_method is None or self._rate_method == method):
-            roll = self._rng.random()
-            for fault, rate in self._rates.items():
-                if roll < rate:
-                    return fault, self._rate_options
-                roll -= rate
-        return None, None
+    def _fault_options(self, **options):
+        checked = super()._fault_options(**options)
+        seconds = checked["retry_after"]
+        if not 0 <= seconds < math.inf:
+            raise ValueError("retry_after must be a finite number of seconds >= 0")
+        checked["html"] = options.get("html")
+        return checked
+
+    def _retry_after(self, seconds):
+        """The ``retry_after`` field for a wait of ``seconds``."""
+        if self.exact_retry_after:
+            return math.ceil(seconds * 1000) / 1000.0
+        return int(math.ceil(seconds))
+
+    def _too_many(self, seconds):
+        value = self._retry_after(seconds)
+        return _Answer(429, "Too Many Requests: retry after %s" % value,
+                       {"retry_after": value})
 
     # -- updates -----------------------------------------------------------
 
@@ -446,56 +384,121 @@ class FakeTelegramServer:
         if not isinstance(update, dict):
             raise TypeError("update must be a dict")
         with self._lock:
-            update = dict(update, update_id=next(self._update_ids))
-            self._updates.append(update)
-            self._updates_changed.notify_all()
+            return self._push_update_locked(update)
+
+    def _push_update_locked(self, update):
+        update = dict(update, update_id=next(self._update_ids))
+        self._updates.append(update)
+        self._pushed[update["update_id"]] = update
+        self._changed.notify_all()
         return update["update_id"]
+
+    def update(self, update_id: int) -> Optional[Dict[str, Any]]:
+        """The update queued with this id (until :meth:`reset`), or None."""
+        with self._lock:
+            update = self._pushed.get(int(update_id))
+            return None if update is None else json.loads(json.dumps(update))
 
     def push_message(self, chat_id: Any, text: str, *, user_id: Any = None,
                      first_name: str = "Test", username: Optional[str] = None,
                      chat_title: Optional[str] = None) -> int:
-        """Queue a text-message update from a user in a chat (a negative
-        ``chat_id`` is a supergroup); returns its ``update_id``."""
+        """Queue a text-message update from a user in a chat (by its id: a
+        positive one is a private chat with that user); returns its
+        ``update_id``.  The message exists in the chat from now on (the bot
+        may delete it); its id is ``server.update(update_id)["message"]
+        ["message_id"]``."""
         chat_id = int(chat_id)
+        key = str(chat_id)
         user_id = int(chat_id if user_id is None and chat_id > 0 else (user_id or 1))
         user = {"id": user_id, "is_bot": False, "first_name": first_name}
         if username:
             user["username"] = username
+        chat = _chat_json(key)
         if chat_id < 0:
-            chat = {"id": chat_id, "type": "supergroup",
-                    "title": chat_title or "Group %d" % chat_id}
+            chat["title"] = chat_title or chat["title"]
         else:
-            chat = {"id": chat_id, "type": "private", "first_name": first_name}
+            chat["first_name"] = first_name
             if username:
                 chat["username"] = username
         with self._lock:
-            self._next_message_id[str(chat_id)] += 1
-            message_id = self._next_message_id[str(chat_id)]
-        return self.push_update({"message": {
-            "message_id": message_id, "from": user, "chat": chat,
-            "date": int(time.time()), "text": text}})
+            self._check_not_migrated_locked(key, ValueError)
+            self._next_message_id[key] += 1
+            message = {"message_id": self._next_message_id[key], "from": user, "chat": chat,
+                       "date": int(time.time()), "text": text}
+            self._stored[key][message["message_id"]] = _Stored(message, outgoing=False)
+            return self._push_update_locked({"message": message})
 
     def pending_updates(self) -> int:
         """Updates queued and not yet confirmed by a ``getUpdates`` offset."""
         with self._lock:
             return len(self._updates)
 
+    # -- groups that become supergroups ----------------------------------------
+
+    def migrate_chat(self, chat_id: Any, new_chat_id: Any = None, *, after: int = 0) -> int:
+        """Upgrade the basic group ``chat_id`` to a supergroup, as Telegram
+        does when a group grows or gets a public link; returns the
+        supergroup's id (default: ``-100`` followed by the group's id on ten
+        digits).  ``after=N``: not now, but right after the next ``N``
+        messages sent to the group have been accepted (so a test can migrate
+        mid-stream).
+
+        From then on every call naming the old id answers ``400 Bad
+        Request: group chat was upgraded to a supergroup chat`` with
+        ``parameters.migrate_to_chat_id``, and the two service messages
+        Telegram sends (``migrate_to_chat_id`` in the old chat,
+        ``migrate_from_chat_id`` in the new) are queued as updates."""
+        key = str(int(chat_id))
+        if chat_type(key) != "group":
+            raise ValueError("chat %s is not a basic group (ids from -1 to -999999999999); "
+                             "only those migrate" % key)
+        if new_chat_id is None:
+            new = int("-100" + key[1:].rjust(10, "0"))
+        else:
+            new = int(new_chat_id)
+        if chat_type(str(new)) != "supergroup":
+            raise ValueError("new_chat_id must be a supergroup id (-1000000000000 or below)")
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ValueError("after must be a non-negative int")
+        with self._lock:
+            self._check_not_migrated_locked(key, ValueError)
+            if after:
+                self._migrate_after[key] = (after, new)
+            else:
+                self._migrate_locked(key, new)
+        return new
+
+    def migrations(self) -> Dict[str, str]:
+        """Every group migrated so far: ``old id -> supergroup id`` (strings)."""
+        with self._lock:
+            return {old: str(new) for old, new in self._migrated.items()}
+
+    def _migrate_locked(self, key, new):
+        self._migrate_after.pop(key, None)
+        self._migrated[key] = new
+        now = int(time.time())
+        owner = {"id": 1, "is_bot": False, "first_name": "Owner"}
+        self._next_message_id[key] += 1
+        self._push_update_locked({"message": {
+            "message_id": self._next_message_id[key], "from": owner, "chat": _chat_json(key),
+            "date": now, "migrate_to_chat_id": new}})
+        new_key = str(new)
+        self._next_message_id[new_key] += 1
+        self._push_update_locked({"message": {
+            "message_id": self._next_message_id[new_key], "from": owner,
+            "sender_chat": _chat_json(new_key), "chat": _chat_json(new_key), "date": now,
+            "migrate_from_chat_id": int(key)}})
+
+    def _check_not_migrated_locked(self, key, error=_Answer):
+        new = self._migrated.get(key)
+        if new is None:
+            return
+        if error is _Answer:
+            raise _Answer(400, "Bad Request: group chat was upgraded to a supergroup chat",
+                          {"migrate_to_chat_id": new})
+        raise error("chat %s was migrated to the supergroup %d" % (key, new))
+
     # -- the record --------------------------------------------------------
-
-    def messages(self, chat_id: Any) -> List[SentMessage]:
-        """What arrived in one chat (``sendMessage``), in arrival order."""
-        with self._lock:
-            return list(self._record.get(str(chat_id), ()))
-
-    def chats(self) -> List[str]:
-        """Every chat that received at least one message."""
-        with self._lock:
-            return list(self._record)
-
-    def all_messages(self) -> List[SentMessage]:
-        """Every message that arrived, in arrival order."""
-        with self._lock:
-            return list(self._order)
 
     @property
     def deleted(self) -> List[tuple]:
@@ -516,163 +519,140 @@ class FakeTelegramServer:
         with self._lock:
             return list(self._restrictions)
 
-    def set_chat_administrators(self, chat_id: Any, users: List[Dict[str, Any]]) -> None:
-        """What ``getChatAdministrators`` answers for a group: a list of
-        Telegram ``User`` dicts (default: one creator, user id 1)."""
+    @property
+    def edits(self) -> List[tuple]:
+        """``(chat_id, message_id, text)`` of each successful ``editMessageText``."""
         with self._lock:
-            self._admins[str(chat_id)] = [dict(u) for u in users]
+            return list(self._edits)
+
+    def set_chat_administrators(self, chat_id: Any, users: List[Dict[str, Any]]) -> None:
+        """The group's human administrators for ``getChatAdministrators``:
+        Telegram ``User`` dicts, the first one the creator (default: one
+        creator, user id 1).  The bot is listed after them when
+        ``bot_is_admin``."""
+        users = [dict(u) for u in users]
+        for user in users:
+            if not isinstance(user.get("id"), int) or not isinstance(
+                    user.get("first_name"), str):
+                raise ValueError("each user needs an int id and a str first_name")
+            user.setdefault("is_bot", False)
+        with self._lock:
+            self._admins[str(chat_id)] = users
 
     def stats(self) -> Dict[str, int]:
         """Counters: ``requests``, ``connections`` (opened), ``sent`` (messages
         recorded), ``too_many`` (429s for limits; by limit: ``too_many_chat``,
         ``too_many_group``, ``too_many_global``), ``injected_<fault>``,
         ``status_<n>``."""
-        with self._lock:
-            counts = dict(self._counts)
-            counts["sent"] = len(self._order)
-            return counts
+        return super().stats()
 
     def reset(self) -> None:
-        """Forget the record, the limit windows, the faults, the counters and
-        the update queue (the server keeps running)."""
-        with self._lock:
-            self._reset_state()
-            self._updates_changed.notify_all()
+        """Forget the record, the stored messages, the limit windows, the
+        faults, the counters, the migrations and the update queue (the
+        server keeps running)."""
+        super().reset()
 
     # -- request handling --------------------------------------------------
 
-    def _handle(self, handler):
-        counts = self._counts
-        path, _, query = handler.path.partition("?")
-        try:
-            length = int(handler.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0 or length > self.max_body:
-            handler.close_connection = True
-            return self._answer(handler, _Answer(413, "Request Entity Too Large"))
-        body = handler.rfile.read(length) if length else b""
-        parts = path.split("/")
+    def _error_body(self, status, description, parameters=None):
+        data = {"ok": False, "error_code": status, "description": description}
+        if parameters:
+            data["parameters"] = parameters
+        return status, json.dumps(data).encode()
+
+    def _answer(self, handler, answer):
+        status, body = self._error_body(answer.status, answer.description, answer.parameters)
+        return self._reply(handler, status, body)
+
+    def _bot(self):
+        """The ``User`` of the bot whose token made the current request."""
+        return self._tls.bot
+
+    def _handle_request(self, handler, request):
+        parts = request.path.split("/")
         if len(parts) != 3 or parts[0] != "" or not parts[1].startswith("bot"):
             return self._answer(handler, _Answer(404, "Not Found"))
         token, method = parts[1][3:], parts[2]
-        if self.token is not None and token != self.token:
+        bot_id, colon, secret = token.partition(":")
+        if (self.token is not None and token != self.token) or not (
+                colon and bot_id.isdigit() and secret and len(bot_id) < 16):
             return self._answer(handler, _Answer(401, "Unauthorized"))
         call = _METHODS.get(method.lower())
         if call is None:
-            return self._answer(handler, _Answer(404, "Not Found: method not found"))
+            return self._answer(handler, _Answer(404, "Not Found"))
         method = call.__name__[1:]
         try:
-            params = self._params(handler, query, body)
-        except _Answer as answer:
-            return self._answer(handler, answer)
+            params = parse_params(request.query, request.headers.get("Content-Type"),
+                                  request.body)
+        except BadParams as exc:
+            return self._answer(handler, _Answer(400, "Bad Request: %s" % exc))
 
-        with self._lock:
-            counts["requests"] += 1
-            fault, options = self._pick_fault(method)
-            if fault is not None:
-                counts["injected_" + fault] += 1
+        fault, options = self._pick_fault(method)
         if fault == "delay":
             time.sleep(options["seconds"])
         if fault == "drop":
             return self._drop(handler)
         if fault == "error":
             status = options["status"]
-            if status in (502, 503, 504):
-                return self._finish(handler, status,
-                                    b"<html><body><h1>%d</h1></body></html>" % status,
-                                    b"text/html")
-            return self._answer(handler, _Answer(status, "Internal Server Error"))
+            if options.get("html"):
+                return self._reply(handler, status,
+                                   b"<html><body><h1>%d</h1></body></html>" % status,
+                                   b"text/html")
+            phrase = handler.responses.get(status, ("Internal Server Error",))[0]
+            return self._answer(handler, _Answer(status, phrase))
         if fault == "too_many":
-            seconds = options["retry_after"]
-            return self._answer(handler, _Answer(
-                429, "Too Many Requests: retry after %g" % seconds,
-                {"retry_after": seconds}))
+            with self._lock:
+                answer = self._too_many(options["retry_after"])
+            return self._answer(handler, answer)
+        self._tls.bot = {"id": int(bot_id), "is_bot": True, "first_name": "Fake Bot",
+                         "username": "fake_%s_bot" % bot_id}
         try:
             result = call(self, params)
         except _Answer as answer:
             return self._answer(handler, answer)
-        except Exception as exc:  # a bug here must not kill the connection thread
-            return self._answer(handler, _Answer(500, "Internal Server Error: %r" % (exc,)))
+        finally:
+            self._tls.bot = None
         # The latency is the answer's way back: what arrived is recorded at
         # once, so the record's times are when requests reached the server.
-        delay = self._delay()
-        if delay:
-            time.sleep(delay)
+        self._hold_answer()
         if fault == "drop_after":
             return self._drop(handler)
         if fault == "garbage":
-            return self._finish(handler, 200, b"<<not json>>", b"text/plain")
+            return self._reply(handler, 200, b"<<not json>>", b"text/plain")
         payload = json.dumps({"ok": True, "result": result}, separators=(",", ":")).encode()
         if fault == "truncate":
-            handler.close_connection = True
-            handler._write(200, payload[: len(payload) // 2], declared=len(payload))
-            return self._drop(handler)
-        return self._finish(handler, 200, payload)
+            return self._truncate(handler, 200, payload)
+        return self._reply(handler, 200, payload)
 
-    def _delay(self):
-        latency = self._latency
-        if isinstance(latency, tuple):
-            with self._lock:
-                return self._rng.uniform(*latency)
-        return latency or 0.0
-
-    def _params(self, handler, query, body):
-        params = dict(parse_qsl(query)) if query else {}
-        if body:
-            ctype = (handler.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-            if ctype == "application/json":
-                try:
-                    data = json.loads(body)
-                except ValueError:
-                    raise _Answer(400, "Bad Request: can't parse JSON") from None
-                if not isinstance(data, dict):
-                    raise _Answer(400, "Bad Request: JSON object expected")
-                params.update(data)
-            elif ctype == "application/x-www-form-urlencoded":
-                try:
-                    params.update(parse_qsl(body.decode("utf-8")))
-                except UnicodeDecodeError:
-                    raise _Answer(400, "Bad Request: invalid form") from None
-            else:
-                raise _Answer(400, "Bad Request: unsupported Content-Type %r" % ctype)
-        return params
-
-    def _answer(self, handler, answer):
+    def _chat(self, params):
+        """The chat a call names (its key), checked as Telegram checks it."""
+        chat_id = params.get("chat_id")
+        if chat_id is None or chat_id == "":
+            raise _Answer(400, "Bad Request: chat_id is empty")
+        if isinstance(chat_id, bool) or not isinstance(chat_id, (int, str)):
+            raise _Answer(400, "Bad Request: chat not found")
+        key = str(chat_id)
+        if key.lstrip("-").isdigit():
+            key = str(int(key))
+        elif not (key.startswith("@") and len(key) > 1):
+            raise _Answer(400, "Bad Request: chat not found")
         with self._lock:
-            self._counts["status_%d" % answer.status] += 1
-        data = {"ok": False, "error_code": answer.status, "description": answer.description}
-        if answer.parameters:
-            data["parameters"] = answer.parameters
-        return handler._write(answer.status, json.dumps(data).encode())
-
-    def _finish(self, handler, status, body, content_type=b"application/json"):
-        if status != 200:
-            with self._lock:
-                self._counts["status_%d" % status] += 1
-        return handler._write(status, body, content_type)
-
-    def _drop(self, handler):
-        handler.close_connection = True
-        try:
-            handler.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            self._check_not_migrated_locked(key)
+        return key
 
     # -- Bot API methods (called outside the lock, except where they take it) --
 
     def _getMe(self, params):
-        return {"id": 123456, "is_bot": True, "first_name": "Fake", "username": "fake_bot"}
+        return dict(self._bot(), can_join_groups=True, can_read_all_group_messages=False,
+                    supports_inline_queries=False, can_connect_to_business=False,
+                    has_main_web_app=False)
 
     def _sendMessage(self, params):
-        key = _chat_key(params)
-        text = params.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise _Answer(400, "Bad Request: message text is empty")
-        if len(text) > 4096:
-            raise _Answer(400, "Bad Request: message is too long")
+        key = self._chat(params)
+        text = _text_param(params)
         now = time.monotonic()
         with self._lock:
+            self._check_not_migrated_locked(key)
             wait = 0.0
             if self.global_limit is not None:
                 if self._global_window is None:
@@ -693,65 +673,105 @@ class FakeTelegramServer:
                     wait = max(wait, chat_wait)
             if wait > 0:
                 self._counts["too_many"] += 1
-                seconds = math.ceil(wait * 1000) / 1000.0
-                raise _Answer(429, "Too Many Requests: retry after %g" % seconds,
-                              {"retry_after": seconds})
+                raise self._too_many(wait)
             if window is not None:
                 window.times.append(now)
             if self._global_window is not None:
                 self._global_window.times.append(now)
             self._next_message_id[key] += 1
-            message = SentMessage(key, self._next_message_id[key], text, now)
-            self._record[key].append(message)
-            self._order.append(message)
-        return {"message_id": message.message_id, "date": int(time.time()),
-                "chat": _chat_json(key), "text": text}
+            message_id = self._next_message_id[key]
+            self._record.add(key, SentMessage(key, message_id, text, now))
+            message = {"message_id": message_id, "from": self._bot(), "chat": _chat_json(key),
+                       "date": int(time.time()), "text": text}
+            self._stored[key][message_id] = _Stored(message, outgoing=True)
+            planned = self._migrate_after.get(key)
+            if planned is not None:
+                left, new = planned
+                if left <= 1:
+                    self._migrate_locked(key, new)
+                else:
+                    self._migrate_after[key] = (left - 1, new)
+            return dict(message)
+
+    def _editMessageText(self, params):
+        if params.get("inline_message_id") not in (None, ""):
+            raise _Answer(400, "Bad Request: MESSAGE_ID_INVALID")
+        key = self._chat(params)
+        message_id = _int_param(params, "message_id", required=True)
+        text = _text_param(params)
+        with self._lock:
+            stored = self._stored.get(key, {}).get(message_id)
+            if stored is None:
+                raise _Answer(400, "Bad Request: message to edit not found")
+            if not stored.outgoing or "text" not in stored.message:
+                raise _Answer(400, "Bad Request: message can't be edited")
+            if stored.message["text"] == text:
+                raise _Answer(400, "Bad Request: message is not modified: specified new "
+                                   "message content and reply markup are exactly the same "
+                                   "as a current content and reply markup of the message")
+            stored.message = dict(stored.message, text=text, edit_date=int(time.time()))
+            self._edits.append((key, message_id, text))
+            return dict(stored.message)
 
     def _deleteMessage(self, params):
-        key = _chat_key(params)
+        key = self._chat(params)
         message_id = _int_param(params, "message_id", required=True)
         with self._lock:
-            exists = any(m.message_id == message_id for m in self._record.get(key, ()))
-            if not exists or (key, message_id) in self._deleted:
+            stored = self._stored.get(key, {}).get(message_id)
+            if stored is None:
                 raise _Answer(400, "Bad Request: message to delete not found")
+            # The Bot API: a bot deletes its own messages anywhere, incoming
+            # ones in private chats, and any message of a group it administers.
+            kind = chat_type(key)
+            if not stored.outgoing and kind != "private" and not (
+                    self.bot_is_admin and kind in ("group", "supergroup")):
+                raise _Answer(400, "Bad Request: message can't be deleted")
+            del self._stored[key][message_id]
             self._deleted.append((key, message_id))
         return True
 
     def _sendChatAction(self, params):
-        key = _chat_key(params)
+        key = self._chat(params)
         action = params.get("action")
-        if action not in ("typing", "upload_photo", "record_video", "upload_video",
-                          "record_voice", "upload_voice", "upload_document",
-                          "choose_sticker", "find_location", "record_video_note",
-                          "upload_video_note"):
+        if action not in _CHAT_ACTIONS:
             raise _Answer(400, "Bad Request: wrong parameter action in request")
         with self._lock:
             self._actions.append((key, action))
         return True
 
+    def _getChat(self, params):
+        key = self._chat(params)
+        chat = dict(_chat_json(key), accent_color_id=0, max_reaction_count=11,
+                    accepted_gift_types={"unlimited_gifts": False, "limited_gifts": False,
+                                         "unique_gifts": False, "premium_subscription": False,
+                                         "gifts_from_channels": False})
+        with self._lock:
+            for old, new in self._migrated.items():
+                if str(new) == key:
+                    chat["migrate_from_chat_id"] = int(old)
+        return chat
+
     def _getChatAdministrators(self, params):
-        key = _chat_key(params)
-        if not _is_group(key):
+        key = self._chat(params)
+        if chat_type(key) == "private":
             raise _Answer(400, "Bad Request: there are no administrators in the private chat")
         with self._lock:
             users = self._admins.get(key)
         if users is None:
             users = [{"id": 1, "is_bot": False, "first_name": "Owner"}]
-        return [{"status": "creator" if i == 0 else "administrator", "user": user}
-                for i, user in enumerate(users)]
+        members = [{"status": "creator", "user": users[0], "is_anonymous": False}] + [
+            dict(_ADMIN_RIGHTS, status="administrator", user=user) for user in users[1:]]
+        if self.bot_is_admin and chat_type(key) != "channel":
+            members.append(dict(_ADMIN_RIGHTS, status="administrator", user=self._bot()))
+        return members
 
     def _restrictChatMember(self, params):
-        key = _chat_key(params)
-        if not _is_group(key):
+        key = self._chat(params)
+        if chat_type(key) != "supergroup":
             raise _Answer(400, "Bad Request: method is available only for supergroups")
         user_id = _int_param(params, "user_id", required=True)
         until = _int_param(params, "until_date", default=0)
-        permissions = params.get("permissions")
-        if isinstance(permissions, str):
-            try:
-                permissions = json.loads(permissions)
-            except ValueError:
-                permissions = None
+        permissions = _json_param(params, "permissions")
         if not isinstance(permissions, dict):
             raise _Answer(400, "Bad Request: invalid permissions")
         with self._lock:
@@ -768,9 +788,14 @@ class FakeTelegramServer:
     def _deleteWebhook(self, params):
         with self._lock:
             self._webhook = None
-            if str(params.get("drop_pending_updates", "")).lower() in ("true", "1"):
+            if _bool_param(params, "drop_pending_updates"):
                 self._updates.clear()
         return True
+
+    def _getWebhookInfo(self, params):
+        with self._lock:
+            return {"url": self._webhook or "", "has_custom_certificate": False,
+                    "pending_update_count": len(self._updates)}
 
     def _getUpdates(self, params):
         offset = _int_param(params, "offset", default=0)
@@ -802,8 +827,9 @@ class FakeTelegramServer:
                                        "make sure that only one bot instance is running")
 
 
-_METHODS = {name[1:].lower(): fn for name, fn in vars(FakeTelegramServer).items()
-            if name[:1] == "_" and name[1:2].islower() and name[1:] in (
-                "getMe", "sendMessage", "deleteMessage", "sendChatAction",
-                "getChatAdministrators", "restrictChatMember", "setWebhook",
-                "deleteWebhook", "getUpdates")}
+#: The Bot API methods the fake implements (matched case-insensitively).
+METHODS = ("getMe", "sendMessage", "editMessageText", "deleteMessage", "sendChatAction",
+           "getChat", "getChatAdministrators", "restrictChatMember", "setWebhook",
+           "deleteWebhook", "getWebhookInfo", "getUpdates")
+
+_METHODS = {name.lower(): getattr(FakeTelegramServer, "_" + name) for name in METHODS}

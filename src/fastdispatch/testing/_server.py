@@ -1,0 +1,565 @@
+"""The threaded local HTTP server every fake platform server is built on.
+
+:class:`LocalServer` is what ``FakeTelegramServer`` (``_telegram.py``) is
+made of, and what a fake of another platform (a ``FakeDiscordServer``) is
+meant to be made of: everything here is about HTTP and tests, nothing about
+a platform.
+
+- **HTTP/1.1, keep-alive, one thread per connection** (the standard
+  library's ``ThreadingHTTPServer``), on 127.0.0.1 and a port the OS picks;
+  ``start()``/``stop()`` or ``with``; ``stop()`` ends long polls and closes
+  every open connection.
+- **Requests**: :meth:`LocalServer._serve` reads the body (at most
+  ``max_body`` bytes: 413 beyond), answers ``/control/...`` itself when the
+  control endpoint is on, and hands everything else to the platform's
+  :meth:`LocalServer._handle_request` as a :class:`Request`.
+  :func:`parse_params` reads parameters from the query string and from
+  ``application/json``, ``application/x-www-form-urlencoded`` and
+  ``multipart/form-data`` bodies.
+- **Answers**: :meth:`_reply` writes one (``Content-Length`` always set),
+  :meth:`_drop` closes the connection without one, :meth:`_truncate` sends
+  half of it and closes.
+- **Faults**: :class:`FaultPlan`: faults planned one by one per method
+  (``inject``), random ones at configured rates (``set_fault_rates``),
+  seeded.  The plan knows fault *names*; what an ``"error"`` or a
+  ``"too_many"`` answer looks like is the platform's (``_fault_answer``).
+- **Latency**: every answer held back ``latency`` seconds (or uniform in a
+  ``(low, high)`` range), after the request was processed and recorded.
+- **The record**: :class:`Record`, what arrived, per chat (channel) and in
+  arrival order.
+- **Control from outside the process** (``control=True``): ``POST
+  /control/<action>`` with a JSON object of keyword arguments calls the
+  server's method of that name among :attr:`LocalServer.control_actions`
+  and answers ``{"ok": true, "result": ...}`` (400 ``{"ok": false,
+  "error": ...}`` for bad arguments, 404 for an unknown action).  A
+  platform adds its own actions to the tuple.
+
+Threads and locks.  Request handlers run on the server's connection threads.
+``_lock`` guards all mutable state of the server and of its subclass (the
+record, the fault plan, the counters, and whatever the platform keeps);
+``_changed`` is a Condition on that same lock, for long polls.  Sleeping
+(latency, injected delays) happens outside the lock.
+"""
+
+import collections
+import json
+import logging
+import math
+import random
+import socket
+import sys
+import threading
+from email import policy as _email_policy
+from email.parser import BytesParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from urllib.parse import parse_qsl
+
+__all__ = ["LocalServer", "Request", "FaultPlan", "Record", "Upload", "BadParams",
+           "parse_params", "check_latency"]
+
+_log = logging.getLogger("fastdispatch.testing")
+
+FAULTS = ("error", "too_many", "drop", "drop_after", "garbage", "truncate", "delay")
+
+
+class BadParams(Exception):
+    """The request's parameters cannot be read; ``str()`` says why."""
+
+
+class Upload(NamedTuple):
+    """A file part of a ``multipart/form-data`` body."""
+
+    filename: str
+    content_type: str
+    data: bytes
+
+
+class Request(NamedTuple):
+    """One HTTP request as the platform's handler sees it."""
+
+    command: str  # GET, POST, ...
+    path: str  # without the query string
+    query: str
+    headers: Any  # http.client.HTTPMessage: case-insensitive .get()
+    body: bytes
+
+
+def parse_params(query: str, content_type: str, body: bytes) -> Dict[str, Any]:
+    """Parameters from the query string, then from the body: a JSON object,
+    a form (``application/x-www-form-urlencoded``) or ``multipart/form-data``
+    (text parts become ``str``, file parts :class:`Upload`).  Raises
+    :class:`BadParams`."""
+    params: Dict[str, Any] = dict(parse_qsl(query)) if query else {}
+    if not body:
+        return params
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    if ctype == "application/json":
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            raise BadParams("can't parse JSON") from None
+        if not isinstance(data, dict):
+            raise BadParams("JSON object expected")
+        params.update(data)
+    elif ctype == "application/x-www-form-urlencoded":
+        try:
+            params.update(parse_qsl(body.decode("utf-8"), keep_blank_values=True))
+        except UnicodeDecodeError:
+            raise BadParams("invalid form") from None
+    elif ctype == "multipart/form-data":
+        params.update(_parse_multipart(content_type, body))
+    else:
+        raise BadParams("unsupported Content-Type %r" % ctype)
+    return params
+
+
+def _parse_multipart(content_type, body):
+    # The standard library's MIME parser (what cgi.FieldStorage used),
+    # given the request's Content-Type as the message's header.
+    head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
+    try:
+        message = BytesParser(policy=_email_policy.HTTP).parsebytes(head + body)
+    except Exception:  # the parser's errors are not one family
+        raise BadParams("invalid multipart/form-data body") from None
+    if not message.is_multipart() or message.defects:
+        raise BadParams("invalid multipart/form-data body")
+    params = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str) or not name:
+            raise BadParams("a multipart/form-data part without a name")
+        data = part.get_payload(decode=True) or b""
+        filename = part.get_filename()
+        if filename is not None:
+            params[name] = Upload(filename, part.get_content_type(), data)
+            continue
+        charset = part.get_content_charset() or "utf-8"
+        try:
+            params[name] = data.decode(charset)
+        except (LookupError, UnicodeDecodeError):
+            raise BadParams("a multipart/form-data part is not %s text" % charset) from None
+    return params
+
+
+def check_latency(latency: Any) -> Any:
+    """``latency`` (seconds >= 0, or a ``(low, high)`` tuple of them) as
+    floats, or ``ValueError``."""
+    def seconds(x):
+        return not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x < math.inf
+    if isinstance(latency, tuple) and len(latency) == 2 and all(map(seconds, latency)) \
+            and latency[0] <= latency[1]:
+        return (float(latency[0]), float(latency[1]))
+    if seconds(latency):
+        return float(latency)
+    raise ValueError("latency must be seconds >= 0 or a (low, high) tuple of them, got %r"
+                     % (latency,))
+
+
+class FaultPlan:
+    """The faults the next calls meet: planned ones first (in order, each
+    for one method or any), then random ones at configured rates.  Not
+    locked itself: the server's ``_lock`` guards it."""
+
+    def __init__(self, rng: random.Random, default_method: Optional[str]) -> None:
+        self._rng = rng
+        self._planned: List[Tuple[str, Optional[str], Dict[str, Any]]] = []
+        self._rates: Dict[str, float] = {}
+        self._rate_method = default_method
+        self._rate_options: Dict[str, Any] = {}
+
+    def plan(self, fault: str, count: int, method: Optional[str], options: Dict[str, Any]):
+        if fault not in FAULTS:
+            raise ValueError("fault must be one of %s, got %r" % (", ".join(FAULTS), fault))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError("count must be a non-negative int")
+        self._planned.extend([(fault, method, options)] * count)
+
+    def set_rates(self, method: Optional[str], rates: Dict[str, float],
+                  options: Dict[str, Any]) -> None:
+        for name, rate in rates.items():
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+                raise ValueError("%s must be a probability between 0 and 1" % name)
+        if sum(rates.values()) > 1:
+            raise ValueError("the fault rates must add up to at most 1")
+        self._rates = {k: float(v) for k, v in rates.items() if v}
+        self._rate_method = method
+        self._rate_options = options
+
+    def pick(self, method: str) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+        """The fault for this call of ``method`` and its options, or (None, None)."""
+        planned = self._planned
+        for i, (fault, fmethod, options) in enumerate(planned):
+            if fmethod is None or fmethod == method:
+                del planned[i]
+                return fault, options
+        if self._rates and (self._rate_method is None or self._rate_method == method):
+            roll = self._rng.random()
+            for fault, rate in self._rates.items():
+                if roll < rate:
+                    return fault, self._rate_options
+                roll -= rate
+        return None, None
+
+
+class Record:
+    """What arrived, per chat and in arrival order.  Not locked itself: the
+    server's ``_lock`` guards it."""
+
+    def __init__(self) -> None:
+        self._by_chat: Dict[str, list] = collections.defaultdict(list)
+        self._order: list = []
+
+    def add(self, chat_key: str, item: Any) -> None:
+        self._by_chat[chat_key].append(item)
+        self._order.append(item)
+
+    def chat(self, chat_key: str) -> list:
+        return list(self._by_chat.get(chat_key, ()))
+
+    def count(self, chat_key: str) -> int:
+        return len(self._by_chat.get(chat_key, ()))
+
+    def chats(self) -> List[str]:
+        return list(self._by_chat)
+
+    def all(self) -> list:
+        return list(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def server_version(self):  # type: ignore[override]
+        return self.server.fake.server_name
+
+    def setup(self):
+        super().setup()
+        try:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # pragma: no cover - not a TCP socket
+            pass
+        self.server.fake._connection_opened(self.connection)
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            self.server.fake._connection_closed(self.connection)
+
+    def log_message(self, format, *args):  # quiet: tests read the record instead
+        pass
+
+    def do_GET(self):
+        self.server.fake._serve(self)
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+
+class _Server(ThreadingHTTPServer):
+    fake: Any = None  # the LocalServer it serves
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def handle_error(self, request, client_address):
+        # A client that goes away mid-request (a timeout, a test that
+        # closes its connection) is normal here, not worth a traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            return
+        _log.exception("%s: error while serving %s", type(self.fake).__name__, client_address)
+
+
+class LocalServer:
+    """A local HTTP server for tests; a platform's fake subclasses it.
+
+    Subclasses implement :meth:`_handle_request` (and :meth:`_fault_answer`
+    for the ``error``/``too_many`` faults), call ``_faults.pick`` and the
+    answer helpers, keep their state under ``_lock`` and reset it in
+    :meth:`_reset_state`.
+    """
+
+    server_name = "FakeServer/1"
+    thread_name = "fake-server"
+    default_fault_method: Optional[str] = None
+    #: The methods ``POST /control/<name>`` may call (with JSON keyword arguments).
+    control_actions: Tuple[str, ...] = ("inject", "set_fault_rates", "reset", "stats",
+                                        "set_latency", "messages", "chats", "all_messages")
+
+    def __init__(self, *, latency: Any = 0.0, seed: Optional[int] = None,
+                 max_body: int = 1 << 20, host: str = "127.0.0.1", port: int = 0,
+                 control: bool = False) -> None:
+        if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
+            raise ValueError("max_body must be a positive int")
+        self.latency = latency
+        self.max_body = max_body
+        self.control = bool(control)
+        self._host, self._port = host, port
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()  # guards everything mutable, the subclass's too
+        self._changed = threading.Condition(self._lock)
+        self._rng = random.Random(seed)
+        self._connections: Set[socket.socket] = set()
+        self._stopping = False
+        with self._lock:
+            self._reset_state()
+
+    def _reset_state(self) -> None:
+        """Forget the record, the faults and the counters (called with
+        ``_lock`` held; a subclass extends it)."""
+        self._record = Record()
+        self._faults = FaultPlan(self._rng, self.default_fault_method)
+        self._counts: collections.Counter = collections.Counter()
+
+    # -- configuration -------------------------------------------------------
+
+    @property
+    def latency(self) -> Any:
+        """Seconds each answer is held back, or ``(low, high)``; settable."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, value: Any) -> None:
+        self._latency = check_latency(value)
+
+    def set_latency(self, latency: Any) -> None:
+        """``server.latency = latency`` (for the control endpoint)."""
+        self.latency = tuple(latency) if isinstance(latency, list) else latency
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self):
+        """Bind the host on a free port and serve on a background thread."""
+        if self._server is not None:
+            raise RuntimeError("the server is already started")
+        server = _Server((self._host, self._port), _Handler)
+        server.fake = self
+        self._server = server
+        self._stopping = False
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                  name=self.thread_name, daemon=True)
+        self._thread = thread
+        thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end long polls, close every connection.  Idempotent."""
+        server = self._server
+        if server is None:
+            return
+        with self._lock:
+            self._stopping = True
+            self._changed.notify_all()
+            connections = list(self._connections)
+        server.shutdown()
+        server.server_close()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)
+        self._server = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the server is not started")
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return "http://%s:%d" % (self._host, self.port)
+
+    @property
+    def control_url(self) -> str:
+        """``http://127.0.0.1:<port>/control`` (when started with ``control=True``)."""
+        if not self.control:
+            raise RuntimeError("the control endpoint is off (control=False)")
+        return self.base_url + "/control"
+
+    def _connection_opened(self, conn):
+        with self._lock:
+            self._connections.add(conn)
+            self._counts["connections"] += 1
+
+    def _connection_closed(self, conn):
+        with self._lock:
+            self._connections.discard(conn)
+
+    # -- faults --------------------------------------------------------------
+
+    def _fault_options(self, **options: Any) -> Dict[str, Any]:
+        """Check and normalise a fault's options (a platform extends it)."""
+        return {"status": int(options.get("status", 500)),
+                "retry_after": float(options.get("retry_after", 1.0)),
+                "seconds": float(options.get("seconds", 0.0))}
+
+    def _plan_fault(self, fault, count, method, **options):
+        options = self._fault_options(**options)
+        with self._lock:
+            self._faults.plan(fault, count, method, options)
+
+    def _plan_rates(self, method, rates, **options):
+        options = self._fault_options(**options)
+        with self._lock:
+            self._faults.set_rates(method, rates, options)
+
+    def _pick_fault(self, method):
+        with self._lock:
+            self._counts["requests"] += 1
+            fault, options = self._faults.pick(method)
+            if fault is not None:
+                self._counts["injected_" + fault] += 1
+        return fault, options
+
+    # -- the record and counters ----------------------------------------------
+
+    def messages(self, chat_id: Any) -> list:
+        """What arrived in one chat, in arrival order."""
+        with self._lock:
+            return self._record.chat(str(chat_id))
+
+    def chats(self) -> List[str]:
+        """Every chat that received at least one message."""
+        with self._lock:
+            return self._record.chats()
+
+    def all_messages(self) -> list:
+        """Every message that arrived, in arrival order."""
+        with self._lock:
+            return self._record.all()
+
+    def stats(self) -> Dict[str, int]:
+        """Counters: ``requests``, ``connections`` (opened), ``sent``
+        (messages recorded), ``injected_<fault>``, ``status_<n>``, and the
+        platform's own."""
+        with self._lock:
+            counts = dict(self._counts)
+            counts["sent"] = len(self._record)
+            return counts
+
+    def reset(self) -> None:
+        """Forget the record, the faults, the counters and the platform's
+        state (the server keeps running)."""
+        with self._lock:
+            self._reset_state()
+            self._changed.notify_all()
+
+    # -- serving ---------------------------------------------------------------
+
+    def _serve(self, handler):
+        path, _, query = handler.path.partition("?")
+        try:
+            length = int(handler.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > self.max_body:
+            handler.close_connection = True
+            status, body = self._error_body(413, "Request Entity Too Large")
+            return self._reply(handler, status, body)
+        body = handler.rfile.read(length) if length else b""
+        request = Request(handler.command, path, query, handler.headers, body)
+        if self.control and path.startswith("/control/"):
+            return self._serve_control(handler, request)
+        try:
+            return self._handle_request(handler, request)
+        except Exception as exc:  # a bug here must not kill the connection thread
+            _log.exception("%s: error handling %s", type(self).__name__, path)
+            status, body = self._error_body(500, "Internal Server Error: %r" % (exc,))
+            return self._reply(handler, status, body)
+
+    def _handle_request(self, handler, request: Request) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _error_body(self, status: int, description: str) -> Tuple[int, bytes]:
+        """An error answer in the platform's shape (a platform overrides it)."""
+        return status, json.dumps({"error": description}).encode()
+
+    def _hold_answer(self):
+        """Sleep the configured latency (outside the lock)."""
+        latency = self._latency
+        if isinstance(latency, tuple):
+            with self._lock:
+                latency = self._rng.uniform(*latency)
+        if latency:
+            threading.Event().wait(latency)
+
+    def _reply(self, handler, status, body, content_type=b"application/json", declared=None,
+               headers=()):
+        if status >= 300:
+            with self._lock:
+                self._counts["status_%d" % status] += 1
+        reason = handler.responses.get(status, ("Unknown",))[0].encode("latin-1")
+        length = len(body) if declared is None else declared
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+            status, reason, content_type, length)
+        for name, value in headers:
+            head += b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+        if handler.close_connection:
+            head += b"Connection: close\r\n"
+        handler.wfile.write(head + b"\r\n" + body)
+
+    def _drop(self, handler):
+        handler.close_connection = True
+        try:
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _truncate(self, handler, status, body, content_type=b"application/json"):
+        handler.close_connection = True
+        self._reply(handler, status, body[: len(body) // 2], content_type, declared=len(body))
+        self._drop(handler)
+
+    # -- the control endpoint ---------------------------------------------------
+
+    def _serve_control(self, handler, request):
+        name = request.path[len("/control/"):]
+        if name not in self.control_actions:
+            return self._control_reply(handler, 404, {"ok": False, "error": "no such action: %r; "
+                                                      "actions: %s" % (
+                                                          name, ", ".join(self.control_actions))})
+        try:
+            args = json.loads(request.body) if request.body.strip() else {}
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            return self._control_reply(handler, 400, {"ok": False,
+                                                      "error": "a JSON object expected"})
+        try:
+            attr = getattr(self, name)
+            result = attr(**args) if callable(attr) else attr
+        except (TypeError, ValueError, KeyError) as exc:
+            return self._control_reply(handler, 400, {"ok": False, "error": "%s: %s" % (
+                type(exc).__name__, exc)})
+        return self._control_reply(handler, 200, {"ok": True, "result": _jsonable(result)})
+
+    def _control_reply(self, handler, status, data):
+        self._reply(handler, status, json.dumps(data).encode())
+
+
+def _jsonable(value):
+    if hasattr(value, "_asdict"):
+        return {k: _jsonable(v) for k, v in value._asdict().items()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
