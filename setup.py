@@ -8,6 +8,7 @@ printed).  ``FASTDISPATCH_NO_EXTENSIONS=1`` skips the build on purpose;
 """
 
 import os
+import re
 import shutil
 import sys
 
@@ -96,5 +97,35 @@ def _extensions():
     return cythonize([ext], compiler_directives={"language_level": "3"}, quiet=True)
 
 
+REPOSITORY = "https://github.com/fastdispatch/fastdispatch"
+
+
+def _readme_for_the_index():
+    """README.md for the package's long description, its relative links made absolute.
+
+    In a clone and in the sdist, README.md's links are relative and lead to
+    the files beside it (docs/, examples/).  The package index shows the
+    text alone, where a relative link leads nowhere: there, each one points
+    at the same file in the repository at this version's tag (``v0.1.0``;
+    releases are built from ``v*`` tags), images at their raw content.
+    """
+    with open("README.md", encoding="utf-8") as f:
+        text = f.read()
+    with open("pyproject.toml", encoding="utf-8") as f:
+        version = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+
+    def absolute(match):
+        bang, label, target = match.groups()
+        if bang:
+            base = "https://raw.githubusercontent.com/fastdispatch/fastdispatch/v%s/" % version
+        else:
+            base = "%s/blob/v%s/" % (REPOSITORY, version)
+        return "%s[%s](%s%s)" % (bang, label, base, target)
+
+    return re.sub(r"(!?)\[([^\]]*)\]\((?![a-z][a-z0-9+.-]*:|#)([^)\s]+)\)", absolute, text)
+
+
 setup(ext_modules=_extensions(),
+      long_description=_readme_for_the_index(),
+      long_description_content_type="text/markdown",
       cmdclass={"build_ext": OptionalBuildExt, "build_py": FreshBuildPy})

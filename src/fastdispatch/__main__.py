@@ -16,8 +16,9 @@ commands:
           HTTP into a local FakeTelegramServer with Telegram's limits scaled
           down; checks per-chat order, reports 429s, throughput and latency
   bench   fastdispatch against a thread pool, a naive per-chat dispatcher, its
-          pure-Python twin and a bare Future, then pacing: tables of ratios and
-          targets ({full_lo}-{full_hi} s on two cores; 'bench --quick': {quick_lo}-{quick_hi} s)
+          pure-Python twin and a bare Future, then pacing, metrics and Telegram:
+          tables of ratios and targets ({full_lo}-{full_hi} s on two cores; 'bench
+          --quick': {quick_lo}-{quick_hi} s; 'bench --help' gives each section's)
 
 Run 'python -m fastdispatch COMMAND --help' for a command's options.
 Documentation: https://github.com/fastdispatch/fastdispatch

@@ -35,6 +35,25 @@ DESCRIPTION = (
     "throughput against the limit and latency percentiles.")
 
 
+def _count(n, singular, plural=None):
+    """``"1 send"``, ``"2 sends"``, ``"0 sends"``."""
+    return "%d %s" % (n, singular if n == 1 else (plural or singular + "s"))
+
+
+def jitter_note(too_many, tolerance):
+    """What the summary says when paced sends still met the server's limits."""
+    # Not a failure: each was retried in order.  The starts were paced
+    # exactly; some requests reached the server later than their start by
+    # more than the tolerance (a busy machine), which made two windows
+    # overlap at the server.
+    return ("\n  note: pacing matched the limits, yet %s reached the server over a "
+            "limit:\n        %s more than %.0f ms after %s paced start (a busy "
+            "machine);\n        the dispatcher retried %s in order.\n"
+            % (_count(too_many, "send"), "it left" if too_many == 1 else "they left",
+               1000 * tolerance, "its" if too_many == 1 else "their",
+               "it" if too_many == 1 else "them"))
+
+
 def _percentile(sorted_values, q):
     if not sorted_values:
         return 0.0
@@ -143,11 +162,13 @@ def run(args, out):
             futures.append(d.submit(chat, make_task(sender, request, time.monotonic())))
 
     n_groups = sum(1 for c in counts if c[:1] == "-")
-    out.write("fastdispatch demo (%s core): %d messages to %d chats (%d groups) from %d "
-              "producer threads\n  TelegramSender -> HTTP -> FakeTelegramServer on 127.0.0.1, "
+    out.write("fastdispatch demo (%s core): %s to %s (%s) from %s"
+              "\n  TelegramSender -> HTTP -> FakeTelegramServer on 127.0.0.1, "
               "~%g ms per answer, max_inflight=%d\n  limits (Telegram's / %g): chat %s, "
               "group %s, bot-wide %s; pacing %s\n"
-              % (IMPLEMENTATION, total, len(counts), n_groups, args.producers, args.latency_ms,
+              % (IMPLEMENTATION, _count(total, "message"), _count(len(counts), "chat"),
+                 _count(n_groups, "group"), _count(args.producers, "producer thread"),
+                 args.latency_ms,
                  args.max_inflight, args.speedup, chat_limit, group_limit, global_limit,
                  "on (the same limits)" if pacing else "OFF"))
     if args.inject_429 or args.inject_5xx:
@@ -226,17 +247,17 @@ def run(args, out):
     out.write("\n  delivered       %d / %d  (%d failed%s)\n" % (
         delivered, total, failures,
         ": " + ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) if errors else ""))
-    out.write("  per-chat order  %s (%d chats checked on the server's record, %d duplicates)\n"
-              % ("OK" if not broken else "BROKEN in %d chats" % len(broken), len(record),
-                 duplicated))
+    out.write("  per-chat order  %s (%s checked on the server's record, %s)\n"
+              % ("OK" if not broken else "BROKEN in %s" % _count(len(broken), "chat"),
+                 _count(len(record), "chat"), _count(duplicated, "duplicate")))
     out.write("  429s received   %d  (%d from limits [chat %d, group %d, bot-wide %d], "
               "%d injected)\n" % (
                   received["429"], server_stats.get("too_many", 0),
                   server_stats.get("too_many_chat", 0), server_stats.get("too_many_group", 0),
                   server_stats.get("too_many_global", 0),
                   server_stats.get("injected_too_many", 0)))
-    out.write("  5xx received    %d  (injected; %d retries in all)\n" % (
-        received["5xx"], d.stats().retried))
+    out.write("  5xx received    %d  (injected; %s in all)\n" % (
+        received["5xx"], _count(d.stats().retried, "retry", "retries")))
     out.write("  wall time       %.2f s  (limit-imposed minimum %.2f s: ratio %.2f)\n"
               % (elapsed, bound, elapsed / bound if bound else float("nan")))
     out.write("  throughput      %.0f messages delivered/s  (bot-wide limit %.0f/s: %.0f%% of it)\n"
@@ -247,19 +268,12 @@ def run(args, out):
     out.write("  HTTP round trip p50 %.1f ms p90 %.1f ms p99 %.1f ms max %.1f ms"
               "  (one sendMessage call)\n" % tuple(
                   1000 * _percentile(round_trips, q) for q in (0.5, 0.9, 0.99, 1.0)))
-    out.write("  server          %d requests, windows shortened by %.1f ms for jitter\n"
-              % (server_stats.get("requests", 0), 1000 * tolerance))
+    out.write("  server          %s, windows shortened by %.1f ms for jitter\n"
+              % (_count(server_stats.get("requests", 0), "request"), 1000 * tolerance))
     out.write("  stats           %s\n" % (d.stats(),))
     ok = (ok_drain and delivered == total and not failures and not broken and not duplicated)
     if pacing is not None and server_stats.get("too_many", 0):
-        # Not a failure: each was retried in order.  The starts were paced
-        # exactly; some requests reached the server later than their start
-        # by more than the tolerance (a busy machine), which made two windows
-        # overlap at the server.
-        out.write("\n  note: pacing matched the limits, yet %d sends reached the server over a "
-                  "limit:\n        they left more than %.0f ms after their paced start (a busy "
-                  "machine);\n        the dispatcher retried them in order.\n"
-                  % (server_stats["too_many"], 1000 * tolerance))
+        out.write(jitter_note(server_stats["too_many"], tolerance))
     if metrics_server is not None:
         metrics_server.stop()
     out.write("\n%s\n" % ("all checks passed" if ok else "CHECKS FAILED"))

@@ -22,8 +22,9 @@ Ratios are of medians measured in this run, side by side, so a busy machine
 slows both sides; still, one slow spell can sink one run.  A missed target's
 scenario is measured again (up to %d times, --retries) and the best run is
 shown, with how many runs met the target: "MISSED (0 of 3 runs)" is a real
-miss.  Steadier figures: the pytest-benchmark suite in bench/ (more rounds)
-and bench/instructions.py (instruction counts, no timing noise)."""
+miss.  Steadier figures: the pytest-benchmark suite (more rounds: python -m
+pytest --pyargs fastdispatch.bench.suite --benchmark-only) and, in the
+repository, bench/instructions.py (instruction counts, no timing noise)."""
 
 
 def _progress_printer():
@@ -48,6 +49,24 @@ def estimate(sections, quick, plot=False):
     return low, high
 
 
+def estimates_text():
+    """The time each section takes, for ``--help``: the one place these are stated.
+
+    The figures are the sections' ``ESTIMATE`` (and ``PLOT_ESTIMATE``); the
+    README and the documentation refer here instead of quoting them.
+    """
+    sections = load_sections()
+    lines = ["time on two cores (the upper end on a busy machine; with --quick in parentheses):"]
+    full, quick = estimate(sections, False), estimate(sections, True)
+    lines.append("  %-12s %3d-%d s  (%d-%d s)" % ("all sections", full[0], full[1],
+                                                  quick[0], quick[1]))
+    for name, section in zip(SECTIONS, sections):
+        full, quick = estimate([section], False), estimate([section], True)
+        lines.append("  %-12s %3d-%d s  (%d-%d s)" % (name, full[0], full[1], quick[0], quick[1]))
+    lines.append("  %-12s %3d-%d s more" % ("--plot", PLOT_ESTIMATE[0], PLOT_ESTIMATE[1]))
+    return "\n".join(lines)
+
+
 def load_sections(names=SECTIONS):
     """The section modules, in registry order."""
     return [importlib.import_module("." + name, __package__) for name in names]
@@ -59,7 +78,8 @@ def main(argv=None):
         prog="python -m fastdispatch bench",
         description="Measure fastdispatch against a thread pool, a naive per-chat "
                     "dispatcher, its pure-Python twin and the cost of a bare Future; "
-                    "print medians and the target ratios.")
+                    "print medians and the target ratios.",
+        epilog=estimates_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="fewer rounds (x%g): a first look, noisier" % QUICK_SCALE)
     parser.add_argument("--section", action="append", choices=SECTIONS, metavar="NAME",
@@ -93,11 +113,13 @@ def main(argv=None):
               "pure-Python twin.")
     sections = load_sections(args.section or SECTIONS)
     low, high = estimate(sections, args.quick, bool(args.plot))
+    quick_low, quick_high = estimate(sections, True, bool(args.plot))
     sys.stdout.flush()
     sys.stderr.write("estimated time: %.0f-%.0f s on two cores (the upper end on a busy "
                      "machine)%s; progress below\n"
                      % (low * args.rounds_scale, high * args.rounds_scale,
-                        "" if args.quick else "; --quick takes about a third"))
+                        "" if args.quick else "; --quick: %.0f-%.0f s"
+                        % (quick_low * args.rounds_scale, quick_high * args.rounds_scale)))
     progress = _progress_printer()
     t0 = time.perf_counter()
     for section in sections:

@@ -25,8 +25,10 @@ RETRIES = 2
 
 # Seconds on a two-core machine ((full), (--quick)), retries included.
 # Measured: full 22 s and --quick 16 s at a load average of 1-3; full 35 s
-# and 59 s, --quick 20 s and 26 s at 6-7; up to 106 s on a busier machine.
-ESTIMATE = ((20, 110), (12, 40))
+# and 59 s, --quick 20 s and 26 s at 6-7; up to 106 s on a busier machine;
+# full 85 s and --quick 42 s at a load average of 2-3 with other jobs'
+# builds running.
+ESTIMATE = ((20, 110), (12, 45))
 
 
 def _silent(msg):

@@ -37,7 +37,8 @@ __all__ = ["TITLE", "ESTIMATE", "run", "paced_throughput", "parked_bytes",
            "retained_after_windows", "retry_after_scopes", "check_cost", "max_in_window"]
 
 TITLE = "Pacing (SPEC 5): rates against the limit, in this run"
-ESTIMATE = ((10, 35), (6, 18))   # measured 11 s and 6 s (--quick) at a load average of 1-3
+# measured 11 s and 6 s (--quick) at a load average of 1-3, 13 s and 7 s at 2-3
+ESTIMATE = ((10, 35), (6, 18))
 
 
 def max_in_window(times, per):
@@ -190,7 +191,8 @@ def check_cost(cls, rounds=7, tasks=10_000, chats=1_000, threads=8):
     try:
         for _ in range(rounds):
             for name, d in dispatchers.items():   # interleaved: same load for both
-                gc.collect()
+                # (no gc.collect() first: the collector runs as in a program;
+                # see fastdispatch.bench.scenarios)
                 t0 = time.perf_counter()
                 for i in range(tasks):
                     d.post(i % chats, _noop)

@@ -12,8 +12,22 @@ dispatcher:
 - ``ideal``         I/O-bound: total send time / ``max_inflight``.
 
 :data:`SCENARIOS` maps each group (the pytest-benchmark group of the suite
-in ``bench/``) to its factory, contenders and number of rounds;
-:func:`time_rounds` times contenders in turns.
+in :mod:`fastdispatch.bench.suite`) to its factory, contenders and number
+of rounds; :func:`time_rounds` times contenders in turns.
+
+**The garbage collector runs as it does in a user's program.**  No
+collection is forced before a round: the untimed warm-up rounds bring the
+collector to the steady state of the workload, and the timed rounds pay
+what a program running that workload pays (a caller keeps its Futures, so
+collections happen, and they are part of the cost).  A ``gc.collect()``
+before every round, as this module once did, distorts that, most on a
+free-threaded build, whose collector spaces its collections by the number
+of objects the last one left alive: after a collection of the nearly empty
+heap between rounds, the next round ran a collection every few thousand
+allocations (see ``docs/performance.md``, "Free-threaded CPython").
+``time_rounds(..., collect=True)`` reproduces that method for comparison,
+and :class:`CollectorWatch` reports how many collections a round ran and
+how long they took.
 """
 
 import gc
@@ -27,7 +41,7 @@ from .contenders import THREADS, make_dispatcher, make_ring, noop
 __all__ = ["TASKS", "CHATS", "MICRO_OPS", "IO_CHATS", "IO_SENDS", "IO_SEND_TIME",
            "IO_INFLIGHT", "IO_IDEAL", "Scenario", "RingPushPop", "SubmitToBusyChats",
            "SubmitRotating", "EndToEnd", "IOBound", "SCENARIOS", "PRODUCERS",
-           "make_scenario", "time_rounds"]
+           "make_scenario", "time_rounds", "CollectorWatch"]
 
 # Workload sizes.
 TASKS = 10_000          # end-to-end: no-op tasks per round
@@ -61,10 +75,9 @@ class Scenario:
         pass
 
     def prepare(self):
-        """``setup()``, then a full collection so that every round starts
-        from the same garbage-collector state whatever ran before it."""
+        """What runs before each timed round, untimed: ``setup()``.  The
+        garbage collector is left alone (see the module's docstring)."""
         self.setup()
-        gc.collect()
 
     def run(self):
         raise NotImplementedError
@@ -404,15 +417,49 @@ def make_scenario(group, impl):
     return SCENARIOS[group][0](impl)
 
 
-def time_rounds(scenarios, rounds, warmup=1, block=5):
+class CollectorWatch:
+    """Counts the garbage collector's runs, and the time spent in them.
+
+    ``with CollectorWatch() as watch: ...`` then ``watch.collections`` and
+    ``watch.seconds`` (from ``gc.callbacks``; the time is the wall clock
+    between each collection's start and stop callbacks).
+    """
+
+    def __init__(self):
+        self.collections = 0
+        self.seconds = 0.0
+        self._started = None
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.collections += 1
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def __enter__(self):
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc_info):
+        gc.callbacks.remove(self._callback)
+
+
+def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=None):
     """Run ``scenarios`` (impl -> Scenario) in turns; return impl -> times.
 
     The contenders take turns by blocks of ``block`` rounds, each block
     preceded by ``warmup`` untimed rounds: turns spread a slow spell of a
     shared machine over all of them instead of one, and blocks (rather than
     single rounds) let each contender run in its own steady state, its
-    memory warm, as an application would, instead of in the allocator and
-    cache state the previous contender left behind.
+    memory warm and its garbage collector's schedule its own, as an
+    application would, instead of in the state the previous contender left
+    behind.
+
+    ``collect=True`` runs ``gc.collect()`` after each round's setup (the old
+    method, for comparison; see the module's docstring).  ``collector``, a
+    dict, receives impl -> [(collections, seconds in them) per timed round].
     """
     times = {impl: [] for impl in scenarios}
     while any(len(ts) < rounds for ts in times.values()):
@@ -420,10 +467,19 @@ def time_rounds(scenarios, rounds, warmup=1, block=5):
             todo = min(block, rounds - len(times[impl]))
             for r in range(warmup + todo):
                 scenario.prepare()
-                t0 = time.perf_counter()
-                scenario.run()
-                elapsed = time.perf_counter() - t0
+                if collect:
+                    gc.collect()
+                if collector is None:
+                    t0 = time.perf_counter()
+                    scenario.run()
+                    elapsed = time.perf_counter() - t0
+                else:
+                    with CollectorWatch() as watch:
+                        t0 = time.perf_counter()
+                        scenario.run()
+                        elapsed = time.perf_counter() - t0
                 if r >= warmup:
                     times[impl].append(elapsed)
+                    if collector is not None:
+                        collector.setdefault(impl, []).append((watch.collections, watch.seconds))
     return times
-

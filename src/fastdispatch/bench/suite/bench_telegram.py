@@ -1,6 +1,6 @@
 """TelegramSender on fastdispatch beside a user's naive alternative, over real HTTP.
 
-Run:  python -m pytest bench/bench_telegram.py --benchmark-only
+Run:  python -m pytest --pyargs fastdispatch.bench.suite.bench_telegram --benchmark-only
 
 The workloads live in ``fastdispatch.bench.telegram`` (shared with the bench
 command's ``telegram`` section).  A FakeTelegramServer runs in another process, so the timings are
@@ -18,10 +18,10 @@ the client's.  Groups:
 
 import pytest
 
-from fastdispatch.bench import telegram as tg
+pytest.importorskip("urllib3")      # the telegram extra
+pytest.importorskip("requests")     # the naive contender
 
-pytest.importorskip("urllib3")
-pytest.importorskip("requests")
+from fastdispatch.bench import telegram as tg  # noqa: E402
 
 
 @pytest.fixture(scope="module")

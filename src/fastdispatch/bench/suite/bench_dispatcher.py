@@ -1,7 +1,7 @@
 """The dispatcher beside the alternatives, one pytest-benchmark group per workload.
 
-Run:  python -m pytest bench/ --benchmark-only
-      (just these: python -m pytest bench/bench_dispatcher.py --benchmark-only)
+Run:  python -m pytest --pyargs fastdispatch.bench.suite --benchmark-only
+      (just these: ... --pyargs fastdispatch.bench.suite.bench_dispatcher)
 
 The workloads and the contenders live in ``fastdispatch.bench`` (shared with
 ``python -m fastdispatch bench``); every group holds the same workload on:
@@ -29,8 +29,10 @@ Groups (the Go original's benchmarks first):
 - ``memory``                              tracemalloc (times are not the result).
 
 Each round is timed once (``pedantic``: untimed setup, then one timed call
-that performs thousands of operations), the garbage collector is run before
-every round, and the number to read is the ratio of medians within a group.
+that performs thousands of operations), the garbage collector runs as in a
+program (no collection is forced between rounds: see
+``fastdispatch.bench.scenarios``), and the number to read is the ratio of
+medians within a group.
 The conftest prints those ratios against the targets at the end of the run.
 """
 

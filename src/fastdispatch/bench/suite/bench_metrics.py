@@ -1,6 +1,6 @@
 """What observability costs per task: metrics on vs off, in one run.
 
-Run:  python -m pytest bench/bench_metrics.py --benchmark-only
+Run:  python -m pytest --pyargs fastdispatch.bench.suite.bench_metrics --benchmark-only
       (the short version: python -m fastdispatch bench --section metrics)
 
 The workloads and contenders live in ``fastdispatch.bench.metrics`` (shared
@@ -22,6 +22,8 @@ ratios (target: Prometheus on / off <= 1.15 per task) at the end of the run.
 import pytest
 
 from fastdispatch.bench import metrics
+
+pytest.importorskip("prometheus_client")    # the prometheus extra
 
 CASES = [
     pytest.param(group, impl, rounds, id="%s|%s" % (group, impl))

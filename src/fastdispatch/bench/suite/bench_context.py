@@ -1,6 +1,6 @@
 """What the per-event Context costs, each operation beside a baseline.
 
-Run:  python -m pytest bench/bench_context.py --benchmark-only -p no:cacheprovider
+Run:  python -m pytest --pyargs fastdispatch.bench.suite.bench_context --benchmark-only
 
 Every group holds one of our operations and the cheapest plain-Python code
 doing the same job, measured in the same run:

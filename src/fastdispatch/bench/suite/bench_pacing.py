@@ -1,6 +1,6 @@
 """Pacing benchmarks (SPEC §5), the same measurements as ``python -m fastdispatch bench --section pacing``.
 
-    python -m pytest bench/bench_pacing.py --benchmark-only -s
+    python -m pytest --pyargs fastdispatch.bench.suite.bench_pacing --benchmark-only -s
 
 Each test times one run of a measurement of ``fastdispatch.bench.pacing``
 and prints its figures; the figures (rates against the limit, bytes, a

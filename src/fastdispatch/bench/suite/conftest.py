@@ -1,0 +1,83 @@
+"""Benchmark suite setup: collect ``bench_*.py`` and print the ratio table.
+
+Run the whole suite (not part of the test run):
+
+    python -m pytest --pyargs fastdispatch.bench.suite --benchmark-only
+
+pytest collects only ``test_*.py`` files by default; the hook below also
+collects the ``bench_*.py`` modules of this package, so that the one
+command runs every benchmark.  Each dispatcher benchmark records its median
+here, and the end of the run prints the target ratios (median / median of
+the baseline in the same group, in the same run) with a met/MISSED verdict.
+Nothing is asserted on times: the table is the result.
+"""
+
+import pytest
+
+from fastdispatch.bench import report
+
+# (group, contender) -> median seconds; (contender, what) -> bytes.
+MEDIANS = {}
+MEMORY = {}
+
+
+def pytest_collect_file(file_path, parent):
+    if (file_path.suffix == ".py" and file_path.name.startswith("bench_")
+            and not parent.session.isinitpath(file_path)):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.fixture
+def record_median(benchmark):
+    """``record_median(group, impl)`` after ``benchmark.pedantic``: keep the median."""
+
+    def record(group, impl):
+        stats = getattr(benchmark, "stats", None)
+        if stats is not None:       # None under --benchmark-disable
+            MEDIANS[(group, impl)] = stats.stats.median
+
+    return record
+
+
+@pytest.fixture
+def record_memory():
+    """``record_memory(impl, what, nbytes)``."""
+
+    def record(impl, what, nbytes):
+        MEMORY[(impl, what)] = nbytes
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    _metrics_summary(terminalreporter)
+    rows = report.ratio_rows(MEDIANS, MEMORY)
+    if not rows:
+        return
+    tr = terminalreporter
+    tr.section("fastdispatch targets (medians; ratios within this run)")
+    tr.write_line(report.describe_machine())
+    for line in report.format_table(
+            ("measure", "ours", "baseline", "ratio", "target", ""), rows).splitlines():
+        tr.write_line(line)
+    if MEMORY:
+        tr.write_line("")
+        impls = sorted({impl for impl, _ in MEMORY})
+        for line in report.format_table(
+                ("memory (tracemalloc)", "bytes / queued post", "retained after 100k chats"),
+                [(impl, "%.0f" % MEMORY.get((impl, "post-bytes"), float("nan")),
+                  "%d" % MEMORY.get((impl, "retained-bytes"), -1)) for impl in impls]
+        ).splitlines():
+            tr.write_line(line)
+
+
+def _metrics_summary(tr):
+    # bench_metrics.py: metrics on / off, its own targets.
+    from fastdispatch.bench import metrics
+    rows = metrics.ratio_rows(MEDIANS)
+    if not rows:
+        return
+    tr.section(metrics.TITLE)
+    for line in report.format_table(report.HEADER, rows).splitlines():
+        tr.write_line(line)

@@ -1,0 +1,137 @@
+"""The documentation's code blocks run: the mechanism, and the rules it relies on.
+
+The blocks themselves are run by Sybil (``conftest.py`` at the top of the
+repository; pytest's ``testpaths`` include ``README.md`` and ``docs``).
+These tests make sure that mechanism cannot quietly stop working: a page
+added to ``docs/`` is picked up and a broken block fails; a Python block
+under a language tag Sybil does not run (```` ```py ````) is refused; a skip
+says why.  The rules are written down in ``docs/README.md``.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FENCE = re.compile(r"^[ \t]*(```+|~~~+)[ \t]*([^\n`]*)$", re.M)
+# Languages shown but never run; "python" runs; "" is output or a diagram.
+NOT_RUN = {"", "sh", "bash", "console", "yaml", "promql", "json", "text", "ini", "toml"}
+SKIP = re.compile(r"^[ \t]*<!--+\s*skip:\s*(\w+)(.*?)-->", re.M)
+
+
+def _pages():
+    pages = [os.path.join(ROOT, "README.md")]
+    docs = os.path.join(ROOT, "docs")
+    if os.path.isdir(docs):
+        pages += sorted(os.path.join(docs, name) for name in os.listdir(docs)
+                        if name.endswith(".md"))
+    return [page for page in pages if os.path.exists(page)]
+
+
+def _needs_checkout():
+    if not os.path.exists(os.path.join(ROOT, "conftest.py")) or not os.path.isdir(
+            os.path.join(ROOT, "docs")):
+        pytest.skip("needs the source checkout (conftest.py, docs/)")
+
+
+def _fences(text):
+    """(line, info string) of each opening fence."""
+    opened = None
+    for match in FENCE.finditer(text):
+        if opened is None:
+            opened = match.group(1)
+            yield text.count("\n", 0, match.start()) + 1, match.group(2).strip()
+        elif match.group(1)[0] == opened[0] and len(match.group(1)) >= len(opened) \
+                and not match.group(2).strip():
+            opened = None
+
+
+def test_every_code_block_is_python_that_runs_or_a_language_that_is_not_run():
+    _needs_checkout()
+    wrong = []
+    for page in _pages():
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for line, info in _fences(text):
+            language = info.split()[0] if info else ""
+            if language != "python" and language not in NOT_RUN:
+                wrong.append("%s:%d: ```%s" % (os.path.relpath(page, ROOT), line, info))
+            elif language == "python" and info != "python":
+                wrong.append("%s:%d: ```%s (the words after python hide it from the suite)"
+                             % (os.path.relpath(page, ROOT), line, info))
+    assert not wrong, ("blocks the suite would not run: write ```python (runs) or a "
+                       "language of %s (see docs/README.md):\n%s"
+                       % (sorted(NOT_RUN - {""}), "\n".join(wrong)))
+
+
+def test_every_skipped_block_says_why():
+    _needs_checkout()
+    bare = []
+    for page in _pages():
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for match in SKIP.finditer(text):
+            action, reason = match.group(1), match.group(2).strip()
+            if action in ("next", "start") and not re.fullmatch(r'"[^"]+"', reason):
+                bare.append("%s:%d: %s" % (os.path.relpath(page, ROOT),
+                                           text.count("\n", 0, match.start()) + 1,
+                                           match.group(0)))
+    assert not bare, 'write <!-- skip: next "why" -->:\n' + "\n".join(bare)
+
+
+def test_the_test_run_includes_the_readme_and_every_page_of_docs():
+    _needs_checkout()
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        found = re.search(r"^testpaths = \[([^\]]*)\]", f.read(), re.M)
+    assert found, "pyproject.toml has no testpaths"
+    testpaths = re.findall(r'"([^"]+)"', found.group(1))
+    assert "README.md" in testpaths and "docs" in testpaths, testpaths
+
+
+NEW_PAGE = '''# A page added later
+
+```python
+import fastdispatch
+answer = 42
+```
+
+<!-- skip: next "a sketch" -->
+
+```python
+this_name_is_not_defined()
+```
+
+```python
+assert answer == 41, "the page is wrong"
+```
+
+```sh
+exit 1
+```
+'''
+
+
+def test_a_page_added_to_docs_is_run_and_a_broken_block_fails(tmp_path):
+    # A copy of the collection set-up (conftest.py, pyproject.toml's pytest
+    # settings) with one new page in docs/: pytest, run as the README's test
+    # command runs it (no arguments), must find the page, run its blocks in
+    # one namespace, skip the marked one with its reason, and fail on the
+    # broken one, naming the page and the line.
+    _needs_checkout()
+    shutil.copy(os.path.join(ROOT, "conftest.py"), tmp_path / "conftest.py")
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "new.md").write_text(NEW_PAGE)
+    (tmp_path / "README.md").write_text("# Nothing to run\n\n```sh\nexit 1\n```\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider"],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    # (the skip comment is an item of its own, and passes)
+    assert "1 failed, 2 passed, 1 skipped" in out, out
+    assert "docs/new.md:15: AssertionError" in out and "the page is wrong" in out, out
+    assert "a sketch" in out, out
