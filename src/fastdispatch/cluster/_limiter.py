@@ -29,6 +29,7 @@ reloaded by itself after a Redis restart).  Keys carry a ``{stream}`` hash
 tag, so on Redis Cluster both keys live on one node, as a script requires.
 """
 
+import threading
 import uuid
 from time import monotonic
 
@@ -118,6 +119,9 @@ class SharedLimiter:
     caller decides how to wait for Redis.
     """
 
+    #: how many late "yes" answers one ``acquire`` asks again after
+    LATE_ANSWERS = 3
+
     def __init__(self, client, stream, global_limit=None, chat_limit=None, guard=0.02):
         self._client = client
         self._script = client.register_script(LIMIT_SCRIPT)
@@ -125,6 +129,8 @@ class SharedLimiter:
         self.global_limit = global_limit
         self.chat_limit = chat_limit
         self.guard = guard
+        self._late_lock = threading.Lock()   # guards late_answers (many threads add)
+        self.late_answers = 0   # starts given back: every answer came back late
         g, c = global_limit, chat_limit
         self._args = [
             g.count if g else 0, _us(g.per + guard) if g else 0,
@@ -147,35 +153,49 @@ class SharedLimiter:
     def acquire(self, chat_id, sc, max_wait):
         """Wait (in ``sc.wait``) until a start is allowed; returns None then.
 
-        Returns the wait in seconds instead, without waiting, when the
-        earliest start is more than ``max_wait`` away.  A cancelled ``sc``
-        (deadline, force_close) drops the reservation and raises through
-        ``sc.check()``.
+        Returns a wait in seconds instead (the caller gives the message back
+        and asks again that much later), having dropped its reservation,
+        when the start cannot be made within ``max_wait`` of the call: the
+        earliest start is further away, confirmations kept pushing it back,
+        or the answers kept coming back late (below).  The whole call stays
+        within ``max_wait`` plus a few round trips, so the limiter never
+        runs a send into its ``send_timeout``.  A cancelled ``sc`` (deadline,
+        force_close) drops the reservation and raises through ``sc.check()``.
 
         "Allowed" is only trusted when the answer came back within half the
         guard (measured round trip, no clock shared with Redis needed): a
-        thread that got the answer late (a busy machine, the GIL) asks
-        again instead of sending on a stale yes.
+        thread that got the answer late (a busy machine, the GIL) asks again
+        instead of sending on a stale yes -- at most ``LATE_ANSWERS`` times
+        in one call; then the start is given back (``late_answers`` counts
+        them), so an overloaded process slows down instead of spinning on
+        Redis.
         """
         member = uuid.uuid4().hex
         fresh = self.guard / 2.0 if self.guard > 0 else float("inf")
         t0 = monotonic()
+        give_up = t0 + max_wait
         ok, wait = self._call(chat_id, "reserve", member, max_wait)
         if not ok:
             return wait
+        late = 0
         while True:
             if wait <= 0:
                 if monotonic() - t0 <= fresh:
                     return None
+                late += 1
+                if late > self.LATE_ANSWERS:
+                    self._call(chat_id, "cancel", member)
+                    with self._late_lock:
+                        self.late_answers += 1
+                    return max(self.guard, 0.01)
+            elif monotonic() + wait > give_up:
+                self._call(chat_id, "cancel", member)
+                return wait
             elif sc.wait(wait):
                 self._call(chat_id, "cancel", member)
                 sc.check()
             t0 = monotonic()
             ok, wait = self._call(chat_id, "confirm", member)
-            remaining = sc.remaining()
-            if not ok and remaining is not None and wait > remaining:
-                self._call(chat_id, "cancel", member)
-                return wait
             if sc.cancelled:
                 self._call(chat_id, "cancel", member)
                 sc.check()

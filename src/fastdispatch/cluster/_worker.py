@@ -82,6 +82,15 @@ class _Throttled(Exception):
         self.wait = wait
 
 
+class _Claim:
+    """A message being processed, and when the server last heard it is (``at``, monotonic)."""
+
+    __slots__ = ("msg", "at")
+
+    def __init__(self, msg):
+        self.msg, self.at = msg, time.monotonic()
+
+
 class _Backoff:
     """Exponential back-off, 0.5 s doubling up to 10 s; ``reset()`` after a success."""
 
@@ -99,15 +108,17 @@ class _Backoff:
 class WorkerStats:
     """Counters of one worker (read them after ``wait()``; updated on the loop thread)."""
 
-    __slots__ = ("sent", "skipped", "dead", "handed_back", "redelivered")
+    __slots__ = ("sent", "skipped", "dead", "handed_back", "redelivered", "late_answers")
 
     def __init__(self):
         self.sent = self.skipped = self.dead = self.handed_back = self.redelivered = 0
+        self.late_answers = 0   # starts given back because the limiter's answers were late
 
     def __repr__(self):
         return ("sent %d, skipped as already sent %d, dead-lettered %d, handed back %d, "
-                "redeliveries seen %d" % (self.sent, self.skipped, self.dead,
-                                          self.handed_back, self.redelivered))
+                "redeliveries seen %d, starts given back on late answers %d"
+                % (self.sent, self.skipped, self.dead, self.handed_back, self.redelivered,
+                   self.late_answers))
 
 
 def _redis_errors():
@@ -439,19 +450,29 @@ class ClusterWorker:
         except Exception:
             pass  # unacknowledged anyway: redelivered after ack_wait
 
-    async def _with_progress(self, msg, awaitable):
-        """Await ``awaitable`` while telling the server every ack_wait/3 that msg is in progress."""
+    async def _with_progress(self, claim, awaitable):
+        """Await ``awaitable``, telling the server every ack_wait/3 that the message is in progress.
+
+        The clock is the message's (``claim.at``: its delivery or last
+        'in progress'), not this call's: a message that goes through many
+        short waits (a throttled start asked for again and again) is kept
+        claimed as well as one that waits once.
+        """
         fut = asyncio.ensure_future(awaitable)
         while True:
-            done, _ = await asyncio.wait({fut}, timeout=self._progress_every)
-            if done:
-                return fut.result()
+            wait = claim.at + self._progress_every - time.monotonic()
+            if wait > 0:
+                done, _ = await asyncio.wait({fut}, timeout=wait)
+                if done:
+                    return fut.result()
+                continue
+            claim.at = time.monotonic()
             try:
-                await msg.in_progress()
+                await claim.msg.in_progress()
             except Exception as exc:
                 self._warn("progress", "could not send 'in progress' for a message (%s)", exc)
 
-    async def _already_sent(self, msg, key):
+    async def _already_sent(self, claim, key):
         """Ask Redis whether ``key`` was sent; waits out a Redis outage. None: hand back."""
         backoff = _Backoff()
         while True:
@@ -461,10 +482,11 @@ class ClusterWorker:
                 delay = backoff.delay()
                 self._warn("redis", "cannot reach Redis at %s (%s); retrying in %.1f s",
                            self.redis_url, exc or type(exc).__name__, delay)
-                if await self._with_progress(msg, self._sleep_or_stop(delay)):
+                if await self._with_progress(claim, self._sleep_or_stop(delay)):
                     return None
 
     async def _process(self, shard, msg):
+        claim = _Claim(msg)
         headers = msg.headers or {}
         chat, key = headers.get(HDR_CHAT), headers.get(HDR_KEY)
         try:
@@ -478,7 +500,7 @@ class ClusterWorker:
                                     ValueError("message without %s/%s headers" % (HDR_CHAT,
                                                                                  HDR_KEY)))
             return
-        sent = await self._already_sent(msg, key)
+        sent = await self._already_sent(claim, key)
         if sent is None:
             await self._hand_back(msg)
             return
@@ -495,17 +517,24 @@ class ClusterWorker:
                 await self._hand_back(msg)
                 return
             try:
-                recorded = await self._with_progress(msg, asyncio.wrap_future(fut))
+                recorded = await self._with_progress(claim, asyncio.wrap_future(fut))
             except _RedisDown as exc:
                 delay = backoff.delay()
                 self._warn("redis", "cannot reach Redis at %s (%s); retrying in %.1f s",
                            self.redis_url, exc, delay)
-                if await self._with_progress(msg, self._sleep_or_stop(delay)):
+                if await self._with_progress(claim, self._sleep_or_stop(delay)):
                     await self._hand_back(msg)
                     return
                 continue
             except _Throttled as exc:
-                if await self._with_progress(msg, self._sleep_or_stop(max(0.05, exc.wait / 2))):
+                late = self._limiter.late_answers   # the limiter counts, under its lock
+                if late != self.stats.late_answers:
+                    self.stats.late_answers = late
+                    self._warn("late", "Redis's answers to the shared limiter come back later "
+                               "than half of limit_guard (%.0f ms): a start was given back "
+                               "and is asked for again (this process is overloaded, or Redis "
+                               "is far: raise --limit-guard)", self._guard * 1000)
+                if await self._with_progress(claim, self._sleep_or_stop(max(0.05, exc.wait / 2))):
                     await self._hand_back(msg)
                     return
                 continue
