@@ -320,6 +320,47 @@ def test_message_failed_for_good_goes_to_dead_letter_with_its_error(tmp_path):
         assert "dead-lettered 1" in cluster.worker_log(worker)
 
 
+async def _publish_raw(url, subject, data, headers):
+    """Publish as a producer that keeps no room for a dead letter would; the server's max_payload."""
+    nc = await nats.connect(url)
+    if data is not None:
+        await nc.jetstream().publish(subject, data, stream=STREAM, headers=headers)
+    max_payload = nc.max_payload
+    await nc.close()
+    return max_payload
+
+
+def test_a_near_max_payload_message_that_fails_is_dead_lettered_and_stops_nothing(tmp_path):
+    with make_cluster(tmp_path) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        # ClusterProducer refuses it: no room for its dead letter's headers.
+        max_payload = asyncio.run(_publish_raw(cluster.nats.url, None, None, None))
+        with pytest.raises(ValueError, match="max_payload"):
+            producer.publish("big", b"x" * (max_payload - 1000))
+        # Published by other means, it fails for good in the worker...
+        # (its own headers take 95 bytes; its dead letter's would take ~210)
+        big = b"0|fail" + b"x" * (max_payload - 160 - 6)
+        asyncio.run(_publish_raw(cluster.nats.url,
+                                 "%s.%d.big" % (STREAM, producer.shard_of("big")), big,
+                                 {"Fd-Chat": "big", "Fd-Key": "big-key",
+                                  "Nats-Msg-Id": "big-key"}))
+        expected = publish_round_robin(producer, 20, 5)
+        workers = [cluster.spawn_worker() for _ in range(2)]
+        # ... and every other chat's messages are sent all the same.
+        assert wait_for_count(lambda: count_lines(cluster.record), 100)
+        stop_all(cluster, workers)
+        producer.close()
+        records = read_file_records(cluster.record)
+        assert_clean(verify([r for r in records if r.chat != "big"], expected),
+                     duplicates_allowed=False)
+        dead = asyncio.run(_dead_letters(cluster.nats.url, 1))
+        assert [h["Fd-Key"] for _, _, h in dead] == ["big-key"]
+        assert "dead-lettered 1" in "".join(cluster.worker_log(w) for w in workers)
+        subject, data, headers = dead[0]
+        assert data == b"" and headers["Fd-Payload-Dropped"] == str(len(big))
+        assert headers["Fd-Error"] == "ValueError: refused by the test sender"
+
+
 def test_retry_after_longer_than_ack_wait_is_kept_in_progress_not_redelivered(tmp_path):
     # ack_wait is 2 s; the send asks to be retried after 4 s.  The worker
     # waits it out (the dispatcher re-runs the task ahead of the chat's later
@@ -362,6 +403,42 @@ def test_sigterm_lets_the_send_in_flight_finish_and_exits_0(tmp_path):
         producer.close()
 
 
+def test_sigterm_while_the_worker_is_still_starting_exits_0(tmp_path):
+    # The signal comes while the sender is being loaded (before the worker
+    # exists, before it connects): it is kept, and the worker stops as soon
+    # as it exists, with 0 -- not killed with -15.
+    with make_cluster(tmp_path) as cluster:
+        marker = str(tmp_path / "loading")
+        cluster.env = dict(cluster.env, FD_SENDER_LOAD_SLEEP="2",
+                           FD_SENDER_LOAD_MARKER=marker)
+        worker = cluster.spawn_worker()
+        assert wait_for(lambda: os.path.exists(marker), 60, 0.05), cluster.worker_log(worker)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0, cluster.worker_log(worker)
+
+
+def test_worker_warns_when_redis_keeps_nothing_on_disk(tmp_path):
+    with make_cluster(tmp_path) as cluster:
+        cluster.redis.stop()
+        volatile = RedisServer(port=cluster.redis.port, data_dir=str(tmp_path / "volatile"),
+                               persistent=False)
+        os.makedirs(volatile.data_dir)
+        volatile.start()
+        try:
+            worker = cluster.spawn_worker()
+            assert wait_for(lambda: "keeps nothing on disk" in cluster.worker_log(worker),
+                            60, 0.1), cluster.worker_log(worker)
+            stop_all(cluster, [worker])
+        finally:
+            volatile.stop()
+            cluster.redis.start()
+        # The default server (append-only file): no warning.
+        worker = cluster.spawn_worker()
+        assert wait_for(lambda: "worker " in cluster.worker_log(worker), 60, 0.1)
+        stop_all(cluster, [worker])
+        assert "keeps nothing on disk" not in cluster.worker_log(worker)
+
+
 # -- topology, limiter, command line ----------------------------------------------
 
 
@@ -397,8 +474,37 @@ def test_producer_rejects_bad_arguments_at_the_call(tmp_path):
                 producer.publish(None, b"x")
             with pytest.raises(TypeError, match="key"):
                 producer.publish("c", b"x", key=5)
+            for key in (" k", "k ", "a\nb", "\t", "kä"):
+                with pytest.raises(ValueError, match="key"):
+                    producer.publish("c", b"x", key=key)
             assert producer.publish("c", b"x", key="k1") == "k1"
             assert len(producer.publish(12345, b"x")) == 32
+
+
+# Ids a header line would change: white space at the ends, line breaks,
+# control characters; and ones that would merge into one ("dup").
+ODD_CHAT_IDS = [" spaced out ", "new\nline", "cr\rlf", " dup", "dup ", "dup", "\t",
+                "  ", "tab\tinside", "100%", "%20", "日本語", "emoji \U0001F600", "nul\x00"]
+
+
+def test_chat_ids_arrive_exactly_as_published(tmp_path):
+    with make_cluster(tmp_path, global_limit=None, chat_limit=None) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        expected = {}
+        for seq in range(3):
+            for chat in ODD_CHAT_IDS:
+                expected[chat] = seq + 1
+                producer.publish(chat, str(seq).encode())
+        worker = cluster.spawn_worker()
+        total = 3 * len(ODD_CHAT_IDS)
+        assert wait_for_count(lambda: count_lines(cluster.record), total)
+        stop_all(cluster, [worker])
+        producer.close()
+        records = read_file_records(cluster.record)
+        assert sorted({r.chat for r in records}) == sorted(ODD_CHAT_IDS)
+        # ... each its own chat: in order, never two at once, none merged
+        assert_clean(verify(records, expected), duplicates_allowed=False)
+        assert "dead-lettered 0" in cluster.worker_log(worker)
 
 
 @pytest.mark.parametrize("kwargs, error, name", [

@@ -254,6 +254,18 @@ def test_bad_arguments_raise_naming_the_argument():
         TelegramSender(TOKEN, pool_size=0)
     with pytest.raises(ValueError, match="timeout"):
         TelegramSender(TOKEN, timeout=-1)
+    for name in ("timeout", "connect_timeout"):
+        with pytest.raises(ValueError, match=name + ".*TIMEOUT_MAX"):
+            TelegramSender(TOKEN, **{name: threading.TIMEOUT_MAX * 2})
+    api = TelegramSender(TOKEN, base_url="http://127.0.0.1:9")
+    try:
+        # A per-call deadline is checked like the sender's own: every wait
+        # made from it must fit a lock's wait.
+        for bad in (threading.TIMEOUT_MAX * 2, float("nan"), -1, "5", True):
+            with pytest.raises(ValueError, match="timeout"):
+                api.call("getMe", timeout=bad)
+    finally:
+        api.close()
 
 
 # -- the optional protocols --------------------------------------------------------

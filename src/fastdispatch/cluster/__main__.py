@@ -96,7 +96,39 @@ def worker_parser():
     return p
 
 
+def _stop_on_signals():
+    """SIGTERM/SIGINT ask for a graceful stop from the first moment of a worker's life.
+
+    Installed before anything slow (argument parsing, imports of the
+    clients and of the sender): a signal that comes while the process is
+    still starting (a deploy that changes its mind) is kept, and the worker
+    stops as soon as it exists, with exit code 0 -- never killed with -15.
+    Returns ``attach(worker)``, which hands later signals to ``worker.stop``.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda worker: None
+    state = {"worker": None, "asked": False}
+
+    def on_signal(signum, frame):
+        state["asked"] = True
+        if state["worker"] is not None:
+            state["worker"].stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    def attach(worker):
+        state["worker"] = worker
+        if state["asked"]:
+            worker.stop()
+    return attach
+
+
 def worker_main(argv):
+    attach = _stop_on_signals()
     args = worker_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
@@ -116,6 +148,7 @@ def worker_main(argv):
         chat_limit=args.chat_limit, send_timeout=args.send_timeout, retry=retry,
         ack_wait=args.ack_wait, shards=args.shards, limit_guard=args.limit_guard,
         grace=args.grace, fetch_timeout=args.fetch_timeout)
+    attach(worker)
     return worker.run()
 
 

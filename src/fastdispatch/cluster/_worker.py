@@ -59,6 +59,8 @@ from .._errors import Cancelled, DispatcherClosed
 from ._limiter import SharedLimiter
 from ._loop import LoopThread
 from ._topology import (DEFAULT_ACK_WAIT, HDR_CHAT, HDR_ERROR, HDR_KEY, HDR_SEQ, HDR_WORKER,
+                        HDR_PAYLOAD_DROPPED, MAX_ERROR_BYTES, chat_from_headers, chat_headers,
+                        headers_size,
                         ShardMismatch, check_shards, check_stream_name, consumer_name,
                         dead_stream, dead_subject_for, ensure_topology, require_clients)
 
@@ -119,6 +121,10 @@ class WorkerStats:
                 "redeliveries seen %d, starts given back on late answers %d"
                 % (self.sent, self.skipped, self.dead, self.handed_back, self.redelivered,
                    self.late_answers))
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _redis_errors():
@@ -322,6 +328,7 @@ class ClusterWorker:
         while not self._stopping:
             try:
                 await self._aredis.ping()
+                await self._check_persistence()
                 return True
             except _redis_errors() as exc:
                 delay = backoff.delay()
@@ -330,6 +337,30 @@ class ClusterWorker:
                 if await self._sleep_or_stop(delay):
                     break
         return False
+
+    async def _check_persistence(self):
+        """Warn when Redis keeps nothing on disk: a restart then forgets the limit logs.
+
+        With neither an append-only file nor snapshots, a Redis restart
+        empties the rate logs (up to one window's worth of starts can then go
+        through again: the limit is exceeded once, for one window) and the
+        idempotency keys (a redelivery after that can be sent twice).  A
+        Redis that refuses CONFIG (managed services) is not asked again.
+        """
+        import redis.exceptions
+
+        try:
+            config = await self._aredis.config_get("appendonly")
+            config.update(await self._aredis.config_get("save"))
+        except redis.exceptions.ResponseError:
+            return
+        aof = _text(config.get("appendonly", "")).lower() == "yes"
+        snapshots = bool(_text(config.get("save", "")).strip())
+        if not aof and not snapshots:
+            log.warning("Redis at %s keeps nothing on disk (appendonly no, save \"\"): a Redis "
+                        "restart forgets the limit logs (one window may then exceed the limit) "
+                        "and the idempotency keys (a redelivery may be sent twice); see "
+                        "docs/cluster.md, 'Guarantees and limits'", self.redis_url)
 
     # -- the main coroutine -------------------------------------------------
 
@@ -488,7 +519,11 @@ class ClusterWorker:
     async def _process(self, shard, msg):
         claim = _Claim(msg)
         headers = msg.headers or {}
-        chat, key = headers.get(HDR_CHAT), headers.get(HDR_KEY)
+        key = headers.get(HDR_KEY)
+        try:
+            chat = chat_from_headers(headers)
+        except UnicodeDecodeError:
+            chat = None
         try:
             deliveries = msg.metadata.num_delivered
         except Exception:
@@ -569,11 +604,13 @@ class ClusterWorker:
             self._warn("ack", "could not acknowledge a message (%s)", exc)
 
     async def _dead_letter(self, shard, msg, chat, key, exc):
-        error = "%s: %s" % (type(exc).__name__, exc)
+        # One line (a header value cannot hold a line break), MAX_ERROR_BYTES at most.
+        error = " ".join(("%s: %s" % (type(exc).__name__, exc)).split())
+        error = error.encode("utf-8")[:MAX_ERROR_BYTES].decode("utf-8", "ignore")
         log.warning("message %s of chat %s failed for good (%s): to %s", key, chat, error,
                     dead_stream(self.stream))
-        headers = {HDR_CHAT: chat, HDR_KEY: key, HDR_ERROR: error[:4000],
-                   HDR_WORKER: self._identity}
+        headers = dict(chat_headers(chat), **{HDR_KEY: key, HDR_ERROR: error,
+                                              HDR_WORKER: self._identity})
         try:
             headers[HDR_SEQ] = str(msg.metadata.sequence.stream)
             headers[HDR_DELIVERIES] = str(msg.metadata.num_delivered)
@@ -582,10 +619,23 @@ class ClusterWorker:
         if key:
             headers["Nats-Msg-Id"] = "dead:" + key
         subject = dead_subject_for(self.stream, shard, chat)
+        data = msg.data
+        # 64 bytes for what the JetStream publish adds (Nats-Expected-Stream).
+        if len(data) + headers_size(headers) + 64 > self._nc.max_payload:
+            # Published by something that did not keep room for this (a
+            # producer that checks sizes refuses such messages): stored
+            # without its payload rather than not at all -- a dead letter
+            # too big for the server would cost this worker its connection,
+            # and every worker after it.
+            log.error("the dead letter of message %s is too big for the NATS server's "
+                      "max_payload (%d bytes): stored without its %d-byte payload",
+                      key, self._nc.max_payload, len(data))
+            headers[HDR_PAYLOAD_DROPPED] = str(len(data))
+            data = b""
         backoff = _Backoff()
         while True:
             try:
-                await self._js.publish(subject, msg.data, stream=dead_stream(self.stream),
+                await self._js.publish(subject, data, stream=dead_stream(self.stream),
                                        headers=headers)
                 break
             except Exception as publish_exc:

@@ -248,7 +248,7 @@ class TelegramSender:
         :class:`PlatformError` as described in the package docstring.  The
         whole call, a resend after a migration included, ends within
         ``timeout`` seconds (default: the sender's ``timeout``)."""
-        t = self.timeout if timeout is None else timeout
+        t = self.timeout if timeout is None else check_seconds("timeout", timeout)
         deadline = time.monotonic() + t
         params = dict(params or {})
         follows = "chat_id" in params and not any(k in params for k in _MESSAGE_REFERENCES)
