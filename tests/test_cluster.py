@@ -14,6 +14,7 @@ killed worker's message comes back quickly.
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,6 +248,39 @@ def test_redis_restart_mid_run_loses_nothing_and_limits_hold(tmp_path):
         assert down_at < 2000
 
 
+def test_a_nats_restart_that_lost_its_store_is_said_and_the_stream_remade(tmp_path):
+    # NATS comes back without its store: stream, consumers and queued
+    # messages are gone.  The worker says so (at ERROR: messages were lost)
+    # and remakes the topology; the producer remakes the stream on its next
+    # publish; what is published after the restart is sent, in order.
+    with make_cluster(tmp_path, global_limit=None, chat_limit=None) as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        worker = cluster.spawn_worker()
+        publish_round_robin(producer, 5, 2)
+        assert wait_for_count(lambda: count_lines(cluster.record), 10)
+        cluster.nats.stop()
+        shutil.rmtree(os.path.join(cluster.nats.data_dir, "jetstream"))
+        cluster.nats.start()
+        deadline = time.monotonic() + 60
+        expected = {}
+        while True:           # the client reconnects by itself, in a moment
+            try:
+                publish_round_robin(producer, 5, 1, first_chat=100, expected=expected)
+                break
+            except ClusterUnavailable:
+                assert time.monotonic() < deadline
+        publish_round_robin(producer, 5, 3, first_chat=100, expected=expected)
+        assert wait_for(lambda: "gone from NATS" in cluster.worker_log(worker), 60, 0.2), \
+            cluster.worker_log(worker)
+        assert wait_for_count(lambda: len([r for r in read_file_records(cluster.record)
+                                           if r.chat in expected]), 20)
+        stop_all(cluster, [worker])
+        producer.close()
+        records = [r for r in read_file_records(cluster.record) if r.chat in expected]
+        assert_clean(verify(records, expected), duplicates_allowed=False)
+        assert "ERROR" in cluster.worker_log(worker)
+
+
 def test_worker_started_before_nats_waits_for_it_and_then_works(tmp_path):
     with make_cluster(tmp_path, start_nats=False) as cluster:
         worker = cluster.spawn_worker()
@@ -455,6 +489,42 @@ def test_worker_learns_the_shard_count_from_the_stream(tmp_path):
         with pytest.raises(ShardMismatch, match="has 8 shards"):
             ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, shards=16)
         producer.close()
+
+
+def test_a_failed_publish_raises_within_its_timeout_and_a_plain_retry_stores_it_once(tmp_path):
+    with NatsServer(data_dir=str(tmp_path)) as server:
+        producer = ClusterProducer(nats_url=server.url, stream=STREAM, shards=4,
+                                   publish_timeout=1.0)
+        producer.publish("c", b"before")
+        server.stop()
+        t0 = time.monotonic()
+        with pytest.raises(ClusterUnavailable, match="may still be stored") as info:
+            producer.publish("c", b"hello")
+        # publish_timeout + 1 s, and not a raw nats error (the bound is what
+        # publish promises; 5 s leaves room for a loaded machine)
+        assert time.monotonic() - t0 < 5.0
+        key = info.value.key
+        assert isinstance(key, str) and key in str(info.value)
+        server.start()
+        # The same call again (key=None) reuses the failed attempt's key:
+        # whether or not the first attempt was stored after the reconnect,
+        # the stream holds the message once.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert producer.publish("c", b"hello") == key
+                break
+            except ClusterUnavailable:
+                assert time.monotonic() < deadline
+        assert producer.publish("c", b"hello") != key      # a new message: a new key
+        producer.close()
+
+        async def stored():
+            nc = await nats.connect(server.url)
+            info = await nc.jetstream().stream_info(STREAM)
+            await nc.close()
+            return info.state.messages
+        assert asyncio.run(stored()) == 3     # before, hello once, hello again
 
 
 def test_producer_names_the_url_when_nats_is_unreachable():

@@ -10,21 +10,47 @@ order.
 The idempotency key travels as ``Nats-Msg-Id`` as well: publishing the same
 key twice within the stream's duplicate window (2 minutes) stores it once,
 so a caller may safely retry a ``publish`` whose outcome it did not learn.
+
+What a failed ``publish`` means.  It raises :class:`ClusterUnavailable`
+within ``publish_timeout`` (plus a second); the message may then be stored
+or not: nats-py keeps a message it could not write in its buffer and sends
+it once it reconnects.  A retry is safe by default: publishing the same
+payload to the same chat again with ``key=None`` reuses the key of the
+failed attempt (the producer remembers the keys of its failed publishes,
+the newest 10,000, until one with that key succeeds), so the stream stores
+it once; the key is also on the exception (``exc.key``).
 """
 
 import asyncio
+import collections
+import hashlib
+import logging
+import threading
 import uuid
 
 from ._loop import LoopThread
 from ._topology import (DEAD_LETTER_ROOM, DEFAULT_ACK_WAIT, DEFAULT_SHARDS, HDR_KEY, chat_headers,
                         check_shards, check_stream_name, ensure_topology, headers_size,
-                        require_clients, shard_of, subject_for)
+                        require_clients, shard_of, subject_for, topology_missing)
 
 __all__ = ["ClusterProducer", "ClusterUnavailable"]
 
 
 class ClusterUnavailable(ConnectionError):
-    """NATS (or Redis) could not be reached; the message says which and where."""
+    """NATS (or Redis) could not be reached; the message says which and where.
+
+    Raised by ``publish``, ``key`` is the failed message's idempotency key
+    (else None): the message may still be stored, publish it again with it.
+    """
+
+    def __init__(self, *args, key=None):
+        super().__init__(*args)
+        self.key = key
+
+
+_UNCONFIRMED_MAX = 10_000
+
+log = logging.getLogger("fastdispatch.cluster")
 
 
 def _check_chat_id(chat_id):
@@ -62,6 +88,11 @@ class ClusterProducer:
         require_clients("nats")
         self.nats_url = nats_url
         self._publish_timeout = float(publish_timeout)
+        self._ack_wait = float(ack_wait)
+        # (chat id, sha-256 of the payload) -> key of a publish that failed
+        # (it may be stored): a retry with key=None reuses it.
+        self._unconfirmed = collections.OrderedDict()
+        self._unconfirmed_lock = threading.Lock()   # guards _unconfirmed
         self._loop = LoopThread("fastdispatch-producer-loop")
         self._nc = None
         try:
@@ -113,8 +144,12 @@ class ClusterProducer:
         chat_id = _check_chat_id(chat_id)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError("payload must be bytes, got %r" % (type(payload).__name__,))
+        payload = bytes(payload)
+        retry_of = (chat_id, hashlib.sha256(payload).digest())
         if key is None:
-            key = uuid.uuid4().hex
+            with self._unconfirmed_lock:
+                key = self._unconfirmed.get(retry_of)
+            key = key or uuid.uuid4().hex
         elif not isinstance(key, str) or not key:
             raise TypeError("key must be a non-empty str or None, got %r" % (key,))
         elif not (key.isprintable() and key == key.strip() and key.isascii()):
@@ -136,10 +171,45 @@ class ClusterProducer:
                              "kept free for a dead letter's, a message must fit the NATS "
                              "server's max_payload (%d bytes)"
                              % (len(payload), DEAD_LETTER_ROOM, self._nc.max_payload))
-        self._loop.run(self._js.publish(subject, bytes(payload), stream=self.stream,
-                                        headers=headers, timeout=self._publish_timeout),
-                       timeout=self._publish_timeout + 5.0)
+        try:
+            self._loop.run(self._publish(subject, payload, headers),
+                           timeout=self._publish_timeout + 1.0)
+        except Exception as exc:
+            with self._unconfirmed_lock:
+                self._unconfirmed[retry_of] = key
+                self._unconfirmed.move_to_end(retry_of)
+                while len(self._unconfirmed) > _UNCONFIRMED_MAX:
+                    self._unconfirmed.popitem(last=False)
+            raise ClusterUnavailable(
+                "publish to NATS at %s did not complete within %g s (%s): the message may "
+                "still be stored; publishing it again (key=None reuses this key, %s) stores "
+                "it once" % (self.nats_url, self._publish_timeout,
+                             exc or type(exc).__name__, key), key=key) from exc
+        with self._unconfirmed_lock:
+            self._unconfirmed.pop(retry_of, None)
         return key
+
+    async def _publish(self, subject, payload, headers):
+        # The whole publish within publish_timeout: nats-py's own timeout
+        # covers the wait for the acknowledgement, not a client that is
+        # reconnecting.
+        return await asyncio.wait_for(self._publish_or_remake(subject, payload, headers),
+                                      self._publish_timeout)
+
+    async def _publish_or_remake(self, subject, payload, headers):
+        """Publish; if the stream turns out gone (a server that lost its store), remake it once."""
+        try:
+            return await self._js.publish(subject, payload, stream=self.stream, headers=headers,
+                                          timeout=self._publish_timeout)
+        except Exception:
+            if await topology_missing(self._js, self.stream, 0) == []:
+                raise
+        log.error("stream %r is gone from NATS at %s (a server restarted without its "
+                  "store?): the messages it held that were not sent yet are lost; "
+                  "recreating it", self.stream, self.nats_url)
+        await ensure_topology(self._js, self.stream, self.shards, ack_wait=self._ack_wait)
+        return await self._js.publish(subject, payload, stream=self.stream, headers=headers,
+                                      timeout=self._publish_timeout)
 
     def close(self):
         """Flush and disconnect; ``publish`` raises afterwards."""

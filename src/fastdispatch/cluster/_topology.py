@@ -33,7 +33,10 @@ __all__ = [
 # 128 shards: enough for Telegram's 30 messages/s bot limit with 1 message/s
 # per chat and a 4x margin for hash collisions (docs/cluster.md, "Sizing").
 DEFAULT_SHARDS = 128
-DEFAULT_ACK_WAIT = 30.0
+# How long a crashed worker's chats wait for another worker: JetStream's own
+# default (30 s) is too long for a chat bot; a live worker's long sends stay
+# claimed by 'in progress' acks every ack_wait / 3 (docs/cluster.md).
+DEFAULT_ACK_WAIT = 6.0
 SHARDS_METADATA = "fastdispatch.shards"
 DEAD_MAX_AGE = 7 * 24 * 3600.0
 DUPLICATE_WINDOW = 120.0
@@ -150,6 +153,36 @@ def dead_subject_for(stream, shard, chat_id):
 
 def consumer_name(shard):
     return "shard-%d" % (shard,)
+
+
+async def topology_missing(js, stream, shards, created=None):
+    """What of the stream's topology is gone from the server (a list; empty: all there).
+
+    A NATS server restarted without its store has lost the stream, its
+    consumers and every message it held; nothing else says so.  ``created``:
+    the stream's creation time as first seen; a stream created since (by
+    another process that found it gone) counts as gone too.
+    """
+    from nats.js.errors import NotFoundError
+
+    info = await _stream_info_or_none(js, stream)
+    if info is None:
+        return ["stream %r" % (stream,)]
+    if created is not None and info.created != created:
+        return ["stream %r (made again since)" % (stream,)]
+    missing = []
+    for shard in range(shards):
+        try:
+            await js.consumer_info(stream, consumer_name(shard))
+        except NotFoundError:
+            missing.append("consumer %r" % (consumer_name(shard),))
+    return missing
+
+
+async def stream_created(js, stream):
+    """When the stream was created (None when it does not exist)."""
+    info = await _stream_info_or_none(js, stream)
+    return None if info is None else info.created
 
 
 async def _stream_info_or_none(js, name):

@@ -62,7 +62,8 @@ from ._topology import (DEFAULT_ACK_WAIT, HDR_CHAT, HDR_ERROR, HDR_KEY, HDR_SEQ,
                         HDR_PAYLOAD_DROPPED, MAX_ERROR_BYTES, chat_from_headers, chat_headers,
                         headers_size,
                         ShardMismatch, check_shards, check_stream_name, consumer_name,
-                        dead_stream, dead_subject_for, ensure_topology, require_clients)
+                        dead_stream, dead_subject_for, ensure_topology, require_clients,
+                        stream_created, topology_missing)
 
 __all__ = ["ClusterWorker", "WorkerStats"]
 
@@ -110,11 +111,13 @@ class _Backoff:
 class WorkerStats:
     """Counters of one worker (read them after ``wait()``; updated on the loop thread)."""
 
-    __slots__ = ("sent", "skipped", "dead", "handed_back", "redelivered", "late_answers")
+    __slots__ = ("sent", "skipped", "dead", "handed_back", "redelivered", "late_answers",
+                 "topology_recreated")
 
     def __init__(self):
         self.sent = self.skipped = self.dead = self.handed_back = self.redelivered = 0
         self.late_answers = 0   # starts given back because the limiter's answers were late
+        self.topology_recreated = 0   # times the stream or consumers were found gone
 
     def __repr__(self):
         return ("sent %d, skipped as already sent %d, dead-lettered %d, handed back %d, "
@@ -191,6 +194,9 @@ class ClusterWorker:
         self._aredis = None         # asyncio client, used by the loop thread
         self._limiter = None
         self._nc = self._js = None
+        self._subs = []             # pull subscription of each shard (rebound if remade)
+        self._fetch_failed = None   # asyncio.Event: a fetch failed, check the topology
+        self._stream_created = None  # the stream's creation time when this worker bound it
         self._progress_every = self._ack_wait / 3.0
         self._warned = {}           # what -> monotonic time of the last warning
 
@@ -405,10 +411,8 @@ class ClusterWorker:
                           self.stream, self.nats_url, exc or type(exc).__name__, delay)
                 if await self._sleep_or_stop(delay):
                     return 0
-        subs = []
-        for shard in range(self.shards):
-            subs.append(await self._js.pull_subscribe_bind(
-                consumer=consumer_name(shard), stream=self.stream))
+        self._stream_created = await stream_created(self._js, self.stream)
+        subs = await self._bind_shards()
         info = await subs[0].consumer_info()
         ack_wait = info.config.ack_wait or self._ack_wait
         self._progress_every = max(0.05, ack_wait / 3.0)
@@ -422,8 +426,11 @@ class ClusterWorker:
         log.info("worker %s: stream %r, %d shards, ack_wait %.1f s, global limit %r, "
                  "chat limit %r", self._identity, self.stream, self.shards, ack_wait,
                  self._global_limit, self._chat_limit)
-        tasks = [asyncio.ensure_future(self._shard_loop(shard, sub))
-                 for shard, sub in enumerate(subs)]
+        self._subs = subs
+        self._fetch_failed = asyncio.Event()
+        tasks = [asyncio.ensure_future(self._shard_loop(shard))
+                 for shard in range(self.shards)]
+        watcher = asyncio.ensure_future(self._watch_topology())
         try:
             await self._stop_event.wait()
             log.info("stopping: no new fetches; %.1f s for the messages in flight",
@@ -437,10 +444,11 @@ class ClusterWorker:
                 for task in pending:
                     task.cancel()
         finally:
+            watcher.cancel()
             for task in tasks:
                 if not task.done():
                     task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(watcher, *tasks, return_exceptions=True)
             dispatcher = self._dispatcher
             await asyncio.get_running_loop().run_in_executor(
                 None, functools.partial(dispatcher.shutdown, 5.0))
@@ -451,13 +459,54 @@ class ClusterWorker:
         log.info("worker %s stopped: %r", self._identity, self.stats)
         return 0
 
-    async def _shard_loop(self, shard, sub):
+    async def _bind_shards(self):
+        subs = []
+        for shard in range(self.shards):
+            subs.append(await self._js.pull_subscribe_bind(
+                consumer=consumer_name(shard), stream=self.stream))
+        return subs
+
+    async def _watch_topology(self):
+        """After a failed fetch: is the stream (or a consumer) gone? Then say so, and remake it.
+
+        A NATS server restarted without its store lost the stream and every
+        message it held; fetches then fail for good while the worker looks
+        alive.  The worker logs what is gone (at ERROR: messages were lost),
+        recreates the topology with the shard count it knows, and binds its
+        shard loops to the new consumers.
+        """
+        while not self._stopping:
+            await self._fetch_failed.wait()
+            self._fetch_failed.clear()
+            try:
+                missing = await topology_missing(self._js, self.stream, self.shards,
+                                                 self._stream_created)
+                if missing:
+                    log.error("%s gone from NATS at %s (a server restarted without its "
+                              "store?): the messages it held that were not sent yet are "
+                              "lost; recreating the topology",
+                              ", ".join(missing[:3]) + (" and %d more" % (len(missing) - 3)
+                                                        if len(missing) > 3 else ""),
+                              self.nats_url)
+                    await ensure_topology(self._js, self.stream, self.shards,
+                                          ack_wait=self._ack_wait)
+                    self._stream_created = await stream_created(self._js, self.stream)
+                    self._subs = await self._bind_shards()
+                    self.stats.topology_recreated += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._warn("topology", "cannot check stream %r on NATS (%s); will try again",
+                           self.stream, exc or type(exc).__name__)
+            await self._sleep_or_stop(1.0)
+
+    async def _shard_loop(self, shard):
         import nats.errors
 
         backoff = _Backoff()
         while not self._stopping:
             try:
-                msgs = await sub.fetch(1, timeout=self._fetch_timeout)
+                msgs = await self._subs[shard].fetch(1, timeout=self._fetch_timeout)
             except nats.errors.TimeoutError:
                 continue
             except asyncio.CancelledError:
@@ -465,6 +514,7 @@ class ClusterWorker:
             except Exception as exc:
                 self._warn("fetch", "fetching from shard %d failed (%s); retrying",
                            shard, exc or type(exc).__name__)
+                self._fetch_failed.set()
                 await self._sleep_or_stop(backoff.delay())
                 continue
             backoff.reset()
