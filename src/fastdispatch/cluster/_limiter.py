@@ -19,7 +19,7 @@ time order, so waiting senders are served first come, first served.  A
 reservation further away than ``max_wait`` is not made (the caller gives
 the message back and asks again later).
 
-``guard`` widens each window a little (20 ms by default): a start recorded
+``guard`` widens each window a little (50 ms by default): a start recorded
 by Redis and the request leaving the process are not the same instant, and
 the guard keeps scheduling jitter from ever squeezing ``count + 1`` real
 sends into ``per`` seconds.
@@ -122,7 +122,7 @@ class SharedLimiter:
     #: how many late "yes" answers one ``acquire`` asks again after
     LATE_ANSWERS = 3
 
-    def __init__(self, client, stream, global_limit=None, chat_limit=None, guard=0.02):
+    def __init__(self, client, stream, global_limit=None, chat_limit=None, guard=0.05):
         self._client = client
         self._script = client.register_script(LIMIT_SCRIPT)
         self._prefix = "fastdispatch:{%s}:rate:" % (stream,)

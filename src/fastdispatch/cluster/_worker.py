@@ -150,7 +150,7 @@ class ClusterWorker:
 
     def __init__(self, sender, *, nats_url, redis_url, stream="fastdispatch",
                  max_inflight=64, global_limit=None, chat_limit=None, send_timeout=30.0,
-                 retry=None, ack_wait=DEFAULT_ACK_WAIT, shards=None, limit_guard=0.02,
+                 retry=None, ack_wait=DEFAULT_ACK_WAIT, shards=None, limit_guard=0.05,
                  key_ttl=7 * 24 * 3600, grace=None, fetch_timeout=5.0):
         if not callable(sender):
             raise TypeError("sender must be callable, got %r" % (type(sender).__name__,))
