@@ -191,7 +191,13 @@ def test_sigkill_then_restart_answers_every_update_at_least_once(bots):
 
 # -- webhook: run_webhook and gunicorn -----------------------------------------------------
 
-def start_webhook_bot(bots, server, mode, updates, drain):
+def start_webhook_bot(bots, server, mode, updates, drain, chats=15):
+    """A webhook bot with ``updates`` accepted over ``chats`` chats.
+
+    15 chats under Pacing.telegram() (1 reply/s each) need 20 s for 300
+    replies: however slowly a loaded machine delivers the updates, most
+    replies are still queued when they all have been accepted.
+    """
     port = free_port()
     url = "http://127.0.0.1:%d/hook" % port
     if mode in ("gunicorn", "waitress"):
@@ -205,7 +211,7 @@ def start_webhook_bot(bots, server, mode, updates, drain):
         bot = bots(server, "webhook", BOT_PORT=port, BOT_WEBHOOK_URL=url,
                    BOT_DRAIN_TIMEOUT=drain)
     for i in range(updates):
-        server.push_message(1 + i % 30, "u%d" % i)
+        server.push_message(1 + i % chats, "u%d" % i)
     wait_until(lambda: server.stats().get("webhook_delivered", 0) == updates,
                what="every update accepted (200)")
     return bot, port
