@@ -70,6 +70,7 @@ class Verdict:
         self.global_limit = self.chat_limit = None
         self.throughput = None
         self.duration = 0.0
+        self.longest_gap = None       # (seconds, chat, seq after the gap)
 
     @property
     def ok(self):
@@ -98,6 +99,9 @@ class Verdict:
                 rate += " = %.2fx the global limit" % (
                     self.throughput / (self.global_limit.count / self.global_limit.per))
             out.append("throughput:          " + rate)
+        if self.longest_gap is not None:
+            out.append("longest chat gap:    %.2f s (chat %s, before message %d; a killed "
+                       "worker's chats wait about ack_wait)" % self.longest_gap)
         out.append("verdict:             %s" % ("OK" if self.ok else "FAILED"))
         return out
 
@@ -125,6 +129,9 @@ def verify(records, expected, *, global_limit=None, chat_limit=None, crashed_pid
                     v.overlaps.append((chat, previous.seq, r.seq))
             elif r.seq != 0:
                 v.order_violations.append((chat, None, r.seq))
+            if previous is not None and (v.longest_gap is None
+                                         or r.start - previous.end > v.longest_gap[0]):
+                v.longest_gap = (r.start - previous.end, chat, r.seq)
             previous = r
         for seq in range(count):
             if seq not in seen:
