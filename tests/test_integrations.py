@@ -658,3 +658,27 @@ def test_chat_ids_spelled_differently_are_one_chat():
     assert no_chat_key("getMe") != no_chat_key("getMe")
     assert seconds_of(3) == 3.0 and seconds_of(datetime.timedelta(milliseconds=1500)) == 1.5
     assert seconds_of(None) == seconds_of(-1) == seconds_of(float("nan")) == 1.0
+
+
+# -- the examples -------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Deprecated since version v22.2")
+@pytest.mark.parametrize("name", ["ptb_bot", "aiogram_bot", "telebot_bot"])
+def test_the_example_bot_runs_against_the_fake_server_with_no_token(name, monkeypatch):
+    # In this process (the library is imported already): its run_local(),
+    # what ``python examples/<name>.py`` runs without TELEGRAM_BOT_TOKEN.
+    import importlib.util
+    import pathlib
+
+    library({"ptb_bot": "ptb", "aiogram_bot": "aiogram", "telebot_bot": "telebot"}[name])
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / (name + ".py")
+    if not path.exists():
+        pytest.skip("examples/ is not part of this copy of the tests")
+    if name == "telebot_bot":                    # it sets the library's process-wide hooks
+        from telebot import apihelper
+        monkeypatch.setattr(apihelper, "API_URL", apihelper.API_URL)
+        monkeypatch.setattr(apihelper, "CUSTOM_REQUEST_SENDER", apihelper.CUSTOM_REQUEST_SENDER)
+    spec = importlib.util.spec_from_file_location("example_" + name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.run_local() == 0
