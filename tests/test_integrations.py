@@ -239,7 +239,7 @@ def client(lib):
         return c
 
     yield make
-    for c in made:
+    for c in reversed(made):     # the last one restores what the first one found
         c.close()
 
 
