@@ -105,7 +105,7 @@ class PTBClient:
         self.limiter = limiter or DispatcherRateLimiter(dispatcher)
         self.lt = LoopThread()
         self.bot = ExtBot(TOKEN, base_url=server.base_url + "/bot",
-                          request=HTTPXRequest(connection_pool_size=8),
+                          request=HTTPXRequest(connection_pool_size=128),
                           get_updates_request=HTTPXRequest(), rate_limiter=self.limiter)
         self.lt.run(self.bot.initialize())
 
@@ -444,6 +444,24 @@ def test_without_a_plugin_the_server_sees_a_chats_sends_overlap():
                     server.push_message(chat, "m%d" % n)
             wait_until(lambda: server.stats()["sent"] >= 20 * REPLIES, 60, "every reply")
         assert max(server.max_in_flight().values()) > 1
+
+
+@pytest.mark.parametrize("name", ["ptb", "aiogram"])
+def test_sends_in_flight_through_an_asyncio_plugin_hold_no_thread(name, make_dispatcher):
+    # 100 chats' sends awaiting slow answers at once: 100 running tasks of
+    # the dispatcher, none of them on a thread of its own.
+    library(name)
+    d = make_dispatcher(max_inflight=256)
+    with FakeTelegramServer(latency=0.5) as server:
+        c = CLIENTS[name](server, d)
+        try:
+            sends = [c.send_later(chat, "x") for chat in range(1, 101)]
+            wait_until(lambda: server.stats().get("sent", 0) == 100, 30, "every send to arrive")
+            in_flight = d.stats()
+            assert [f.result(30).text for f in sends] == ["x"] * 100
+        finally:
+            c.close()
+    assert in_flight.inflight == 100 and in_flight.threads == 0
 
 
 # -- one chat told to wait ------------------------------------------------------------
