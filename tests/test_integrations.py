@@ -432,6 +432,38 @@ def test_each_chats_replies_arrive_in_the_order_made_and_never_two_at_once(
         assert server.stats().get("too_many", 0) == 0
 
 
+@pytest.mark.filterwarnings("ignore:Deprecated since version v22.2")
+def test_under_the_servers_limits_every_429_is_retried_in_order(
+        lib, make_dispatcher, record_property):
+    # The server enforces the limits the dispatcher paces for (scaled down,
+    # with a tolerance for the jitter it adds); what still meets a 429 (a
+    # request that reached the server later than it was started) is sent
+    # again, in order.  aiogram reads retry_after as Telegram types it, a
+    # whole second; the others take the exact time.
+    library(lib)
+    d = make_dispatcher(pacing=Pacing(chat_limit=RateLimit(1, per=0.05),
+                                      global_limit=RateLimit(60, per=0.1)),
+                        retry=RetryPolicy(max_attempts=10))
+    chats = [3000 + i for i in range(50)]
+    with FakeTelegramServer(chat_limit=(1, 0.05), global_limit=(60, 0.1), tolerance=0.01,
+                            exact_retry_after=lib != "aiogram", latency=(0.0, 0.01),
+                            arrival_jitter=(0.0, 0.005), seed=8) as server:
+        with RunningBot(lib, server, d) as bot:
+            for n in range(4):
+                for chat in chats:
+                    server.push_message(chat, "m%d" % n)
+            wait_until(lambda: server.stats()["sent"] >= 4 * len(chats), 60, "every reply")
+        for chat in chats:
+            assert texts_of(server, chat) == bot.made.texts[str(chat)]
+            assert sorted(texts_of(server, chat)) == ["r:m%d" % n for n in range(4)]
+        assert set(server.max_in_flight().values()) == {1}
+        met = server.stats().get("too_many", 0)
+        assert d.stats().retried == met and d.stats().failed == 0
+        record_property("429s met, of 200 replies", met)
+        record_property("by limit", "chat %d, global %d" % (
+            server.stats().get("too_many_chat", 0), server.stats().get("too_many_global", 0)))
+
+
 def test_without_a_plugin_the_server_sees_a_chats_sends_overlap():
     # What the test above would catch: PTB's concurrent handlers with no
     # rate limiter send one chat's replies at once, and the server says so.
