@@ -97,14 +97,19 @@ class DispatcherRateLimiter(BaseRateLimiter[Any]):
         return self._dispatcher
 
     def _live_dispatcher(self):
+        # A request before initialize() makes the dispatcher; one during
+        # shutdown() meets the closing one (DispatcherClosed), not a new one.
         d = self._dispatcher
-        if self._owned and (d is None or d.closed):
+        if d is None:
             d = self._dispatcher = OutboundDispatcher(pacing=self._pacing, retry=self._retry)
         return d
 
     async def initialize(self) -> None:
         """Make the limiter's own dispatcher (nothing for a given one)."""
-        self._live_dispatcher()
+        if self._owned and self._dispatcher is not None and self._dispatcher.closed:
+            self._dispatcher = None
+        if self._owned:
+            self._live_dispatcher()
 
     async def shutdown(self) -> None:
         """Shut down the dispatcher the limiter made, after its sends (never
@@ -112,10 +117,11 @@ class DispatcherRateLimiter(BaseRateLimiter[Any]):
         d = self._dispatcher
         if not self._owned or d is None:
             return
-        self._dispatcher = None
         # shutdown() waits for the queued sends, which run on this loop: it
         # must wait on another thread while the loop goes on.
         await asyncio.get_running_loop().run_in_executor(None, d.shutdown)
+        if self._dispatcher is d:
+            self._dispatcher = None
 
     async def process_request(
         self,
