@@ -381,6 +381,7 @@ class RunningBot:
     """A bot of the library on a thread of its own, polling the server."""
 
     def __init__(self, lib, server, dispatcher):
+        self.dispatcher = dispatcher
         self.made = Made()
         self.stop = threading.Event()
         self.error = []
@@ -397,6 +398,13 @@ class RunningBot:
         return self
 
     def __exit__(self, *exc_info):
+        # The server has recorded the last reply; its answer may still be on
+        # its way to the bot: stop once the dispatcher has nothing running
+        # (stopping closes the library's connections).
+        d = self.dispatcher
+        if d is not None and exc_info[0] is None:
+            wait_until(lambda: d.stats().inflight == 0 and d.stats().active_chats == 0, 30,
+                       "the last answers to reach the bot")
         self.stop.set()
         self.thread.join(30)
         assert not self.thread.is_alive(), "the bot did not stop"
