@@ -488,11 +488,13 @@ def test_without_a_plugin_the_server_sees_a_chats_sends_overlap():
 
 @pytest.mark.parametrize("name", ["ptb", "aiogram"])
 def test_sends_in_flight_through_an_asyncio_plugin_hold_no_thread(name, make_dispatcher):
-    # 100 chats' sends awaiting slow answers at once: 100 running tasks of
-    # the dispatcher, none of them on a thread of its own.
+    # 100 chats' sends awaiting slow answers at once: running tasks of the
+    # dispatcher (all 100 of them unless the machine is so loaded that the
+    # first answers are back before the last send arrives), none of them on
+    # a thread of its own.
     library(name)
     d = make_dispatcher(max_inflight=256)
-    with FakeTelegramServer(latency=0.5) as server:
+    with FakeTelegramServer(latency=1.0) as server:
         c = CLIENTS[name](server, d)
         try:
             sends = [c.send_later(chat, "x") for chat in range(1, 101)]
@@ -501,7 +503,9 @@ def test_sends_in_flight_through_an_asyncio_plugin_hold_no_thread(name, make_dis
             assert [f.result(30).text for f in sends] == ["x"] * 100
         finally:
             c.close()
-    assert in_flight.inflight == 100 and in_flight.threads == 0
+    assert in_flight.threads == 0
+    assert in_flight.inflight + in_flight.completed == in_flight.submitted
+    assert in_flight.inflight >= 50
 
 
 # -- one chat told to wait ------------------------------------------------------------
