@@ -275,6 +275,51 @@ def test_latency_delays_the_answer_not_the_arrival():
         assert s.messages(1)[0].at - t0 < 0.15
 
 
+def test_an_injected_fault_for_one_chat_spares_the_others(server):
+    server.inject("too_many", method="sendMessage", chat_id=7, retry_after=3)
+    assert raw(server, params={"chat_id": 1, "text": "x"})[0] == 200
+    assert raw(server, params={"chat_id": "@chan", "text": "x"})[0] == 200
+    status, body = raw(server, params={"chat_id": "7", "text": "x"})  # the string of the id
+    assert status == 429 and json.loads(body)["parameters"] == {"retry_after": 3}
+    assert raw(server, params={"chat_id": 7, "text": "x"})[0] == 200
+    assert [m.text for m in server.messages(7)] == ["x"]
+
+
+def test_arrival_jitter_reorders_requests_sent_at_once():
+    # 20 requests of one chat, each sent once the previous one's bytes are
+    # out (not answered): with jitter the record is shuffled, and the
+    # server saw several of them at once.
+    with FakeTelegramServer(arrival_jitter=(0.0, 0.2), seed=5) as s:
+        threads = []
+        for i in range(20):
+            t = threading.Thread(target=raw, args=(s, "sendMessage",
+                                                   {"chat_id": 3, "text": str(i)}))
+            t.start()
+            threads.append(t)
+            time.sleep(0.005)
+        for t in threads:
+            t.join()
+        texts = [m.text for m in s.messages(3)]
+        assert sorted(texts, key=int) == [str(i) for i in range(20)]
+        assert texts != sorted(texts, key=int)
+        assert s.max_in_flight()["3"] > 1
+    with pytest.raises(ValueError):
+        FakeTelegramServer(arrival_jitter=(0.2, 0.1))
+
+
+def test_max_in_flight_is_one_for_a_client_that_waits_for_each_answer():
+    with FakeTelegramServer(latency=(0.0, 0.01), arrival_jitter=(0.0, 0.01), seed=1) as s:
+        s.inject("too_many", chat_id=2)
+        s.inject("drop", chat_id=2)
+        for i in range(10):
+            raw(s, params={"chat_id": 2, "text": str(i)})
+            raw(s, "getChat", {"chat_id": -100123})
+        raw(s, "getMe")
+        assert s.max_in_flight() == {"2": 1, "-100123": 1}
+        s.reset()
+        assert s.max_in_flight() == {}
+
+
 def test_get_updates_returns_queued_updates_and_an_offset_confirms_them(server):
     first = server.push_message(5, "hello")
     second = server.push_update({"callback_query": {"id": "1"}})

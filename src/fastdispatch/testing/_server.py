@@ -25,6 +25,9 @@ a platform.
   ``"too_many"`` answer looks like is the platform's (``_fault_answer``).
 - **Latency**: every answer held back ``latency`` seconds (or uniform in a
   ``(low, high)`` range), after the request was processed and recorded.
+  ``arrival_jitter`` (the same forms) holds each request *before* it is
+  processed, like network paths of different lengths: requests sent at
+  once are then processed, and recorded, in a shuffled order.
 - **The record**: :class:`Record`, what arrived, per chat (channel) and in
   arrival order.
 - **Control from outside the process** (``control=True``): ``POST
@@ -158,22 +161,24 @@ def check_latency(latency: Any) -> Any:
 
 class FaultPlan:
     """The faults the next calls meet: planned ones first (in order, each
-    for one method or any), then random ones at configured rates.  Not
-    locked itself: the server's ``_lock`` guards it."""
+    for one method or any, and for one target (a chat) or any), then random
+    ones at configured rates.  Not locked itself: the server's ``_lock``
+    guards it."""
 
     def __init__(self, rng: random.Random, default_method: Optional[str]) -> None:
         self._rng = rng
-        self._planned: List[Tuple[str, Optional[str], Dict[str, Any]]] = []
+        self._planned: List[Tuple[str, Optional[str], Dict[str, Any], Optional[str]]] = []
         self._rates: Dict[str, float] = {}
         self._rate_method = default_method
         self._rate_options: Dict[str, Any] = {}
 
-    def plan(self, fault: str, count: int, method: Optional[str], options: Dict[str, Any]):
+    def plan(self, fault: str, count: int, method: Optional[str], options: Dict[str, Any],
+             target: Optional[str] = None):
         if fault not in FAULTS:
             raise ValueError("fault must be one of %s, got %r" % (", ".join(FAULTS), fault))
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError("count must be a non-negative int")
-        self._planned.extend([(fault, method, options)] * count)
+        self._planned.extend([(fault, method, options, target)] * count)
 
     def set_rates(self, method: Optional[str], rates: Dict[str, float],
                   options: Dict[str, Any]) -> None:
@@ -186,11 +191,14 @@ class FaultPlan:
         self._rate_method = method
         self._rate_options = options
 
-    def pick(self, method: str) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
-        """The fault for this call of ``method`` and its options, or (None, None)."""
+    def pick(self, method: str, target: Optional[str] = None
+             ) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+        """The fault for this call of ``method`` (naming ``target``, or
+        nothing) and its options, or (None, None)."""
         planned = self._planned
-        for i, (fault, fmethod, options) in enumerate(planned):
-            if fmethod is None or fmethod == method:
+        for i, (fault, fmethod, options, ftarget) in enumerate(planned):
+            if (fmethod is None or fmethod == method) and (ftarget is None
+                                                            or ftarget == target):
                 del planned[i]
                 return fault, options
         if self._rates and (self._rate_method is None or self._rate_method == method):
@@ -293,10 +301,11 @@ class LocalServer:
 
     def __init__(self, *, latency: Any = 0.0, seed: Optional[int] = None,
                  max_body: int = 1 << 20, host: str = "127.0.0.1", port: int = 0,
-                 control: bool = False) -> None:
+                 control: bool = False, arrival_jitter: Any = 0.0) -> None:
         if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
             raise ValueError("max_body must be a positive int")
         self.latency = latency
+        self.arrival_jitter = arrival_jitter
         self.max_body = max_body
         self.control = bool(control)
         self._host, self._port = host, port
@@ -331,6 +340,17 @@ class LocalServer:
     def set_latency(self, latency: Any) -> None:
         """``server.latency = latency`` (for the control endpoint)."""
         self.latency = tuple(latency) if isinstance(latency, list) else latency
+
+    @property
+    def arrival_jitter(self) -> Any:
+        """Seconds each request is held before it is processed (and
+        recorded), or ``(low, high)`` for a uniform random time; settable.
+        A random one reorders requests that were sent at once."""
+        return self._arrival_jitter
+
+    @arrival_jitter.setter
+    def arrival_jitter(self, value: Any) -> None:
+        self._arrival_jitter = check_latency(value)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -409,20 +429,20 @@ class LocalServer:
                 "retry_after": float(options.get("retry_after", 1.0)),
                 "seconds": float(options.get("seconds", 0.0))}
 
-    def _plan_fault(self, fault, count, method, **options):
+    def _plan_fault(self, fault, count, method, target=None, **options):
         options = self._fault_options(**options)
         with self._lock:
-            self._faults.plan(fault, count, method, options)
+            self._faults.plan(fault, count, method, options, target)
 
     def _plan_rates(self, method, rates, **options):
         options = self._fault_options(**options)
         with self._lock:
             self._faults.set_rates(method, rates, options)
 
-    def _pick_fault(self, method):
+    def _pick_fault(self, method, target=None):
         with self._lock:
             self._counts["requests"] += 1
-            fault, options = self._faults.pick(method)
+            fault, options = self._faults.pick(method, target)
             if fault is not None:
                 self._counts["injected_" + fault] += 1
         return fault, options
@@ -492,12 +512,18 @@ class LocalServer:
 
     def _hold_answer(self):
         """Sleep the configured latency (outside the lock)."""
-        latency = self._latency
-        if isinstance(latency, tuple):
+        self._sleep(self._latency)
+
+    def _hold_arrival(self):
+        """Sleep the configured arrival jitter (outside the lock)."""
+        self._sleep(self._arrival_jitter)
+
+    def _sleep(self, seconds):
+        if isinstance(seconds, tuple):
             with self._lock:
-                latency = self._rng.uniform(*latency)
-        if latency:
-            threading.Event().wait(latency)
+                seconds = self._rng.uniform(*seconds)
+        if seconds:
+            threading.Event().wait(seconds)
 
     def _reply(self, handler, status, body, content_type=b"application/json", declared=None,
                headers=()):

@@ -12,7 +12,9 @@ garbage, answers cut off mid-body), queues updates for ``getUpdates`` long
 polling or delivers them to a webhook (after ``setWebhook``: POSTed with the
 secret header, again after a non-2xx or a timeout, in order per chat; see
 ``_webhooks.py``), migrates a group to a supergroup on demand, and records,
-per chat, every message that arrived and when.
+per chat, every message that arrived and when, and how many requests
+naming each chat it was handling at once (``max_in_flight``: a client that
+sends one chat's requests one at a time never shows more than 1).
 
 It is a product, not a fixture: a bot's own test suite can use it the way
 this project's tests and ``python -m fastdispatch demo`` do, with
@@ -138,6 +140,14 @@ def chat_type(key: str) -> str:
     return "supergroup" if chat_id <= _SUPERGROUP_BELOW else "group"
 
 
+def _chat_key_of(chat_id):
+    """A chat id as the record keys it (``"42"``, ``"-100123"``, ``"@name"``)."""
+    key = str(chat_id).strip()
+    if key.lstrip("-").isdigit():
+        return str(int(key))
+    return key
+
+
 def _is_group(key):
     return key[:1] == "-"
 
@@ -230,7 +240,8 @@ class FakeTelegramServer(LocalServer):
 
     ``FakeTelegramServer(token=None, *, chat_limit=None, group_limit=None,
     global_limit=None, tolerance=0.0, exact_retry_after=False, latency=0.0,
-    seed=None, max_body=1 MiB, bot_is_admin=True, control=False)``
+    arrival_jitter=0.0, seed=None, max_body=1 MiB, bot_is_admin=True,
+    control=False)``
 
     - ``token``: the only bot token accepted (``401 Unauthorized`` for any
       other); None accepts every token of the form ``<digits>:<secret>``.
@@ -259,7 +270,12 @@ class FakeTelegramServer(LocalServer):
       uniform random), like a network round trip; settable later.  A
       request is processed (and a message recorded) when it arrives; the
       latency delays the answer.
-    - ``seed``: for the random latency and the random fault rates.
+    - ``arrival_jitter``: seconds every request is held *before* it is
+      processed and recorded (or ``(low, high)``: uniform random), like
+      network paths of different lengths: requests a client sent at once
+      are recorded in a shuffled order, so a test sees whether its client
+      kept them apart.  Settable later.
+    - ``seed``: for the random latency and jitter and the random fault rates.
     - ``bot_is_admin``: the bot is an administrator of every group (it may
       delete other users' messages there, and ``getChatAdministrators``
       lists it); False: it is a plain member.
@@ -278,11 +294,12 @@ class FakeTelegramServer(LocalServer):
     control_actions = LocalServer.control_actions + (
         "push_update", "push_message", "update", "pending_updates", "migrate_chat",
         "set_chat_administrators", "deleted", "chat_actions", "restrictions", "edits",
-        "migrations")
+        "migrations", "max_in_flight")
 
     def __init__(self, token: Optional[str] = None, *, chat_limit: Any = None,
                  group_limit: Any = None, global_limit: Any = None, tolerance: float = 0.0,
                  exact_retry_after: bool = False, latency: Any = 0.0,
+                 arrival_jitter: Any = 0.0,
                  seed: Optional[int] = None, max_body: int = 1 << 20,
                  bot_is_admin: bool = True, control: bool = False,
                  host: str = "127.0.0.1", port: int = 0) -> None:
@@ -298,10 +315,12 @@ class FakeTelegramServer(LocalServer):
         self.tolerance = float(tolerance)
         self.exact_retry_after = bool(exact_retry_after)
         self.bot_is_admin = bool(bot_is_admin)
-        self._tls = threading.local()  # .bot: the User of the bot making this request
+        # .bot: the User of the bot making this request; .busy_chat: the chat
+        # key this connection thread's request counts in _busy until answered
+        self._tls = threading.local()
         self.webhooks = WebhookDelivery(self)  # POSTs updates once setWebhook is called
         super().__init__(latency=latency, seed=seed, max_body=max_body, host=host,
-                         port=port, control=control)
+                         port=port, control=control, arrival_jitter=arrival_jitter)
         self._updates_changed = self._changed  # long polls wait on it
         self._poll_generation = 0
 
@@ -334,15 +353,19 @@ class FakeTelegramServer(LocalServer):
         self._migrate_after: Dict[str, tuple] = {}  # key -> (messages left, new id)
         self._webhook = None
         self._webhook_options: Dict[str, Any] = {}
+        self._busy: Dict[str, int] = collections.Counter()  # chat key -> requests being handled
+        self._peaks: Dict[str, int] = {}  # chat key -> most of them at once
         self.webhooks.forget()
 
     # -- faults ------------------------------------------------------------
 
     def inject(self, fault: str, count: int = 1, *, method: Optional[str] = "sendMessage",
                status: int = 500, retry_after: float = 1.0, seconds: float = 0.0,
-               html: Optional[bool] = None) -> None:
+               html: Optional[bool] = None, chat_id: Any = None) -> None:
         """Answer the next ``count`` calls of ``method`` (None: any method)
-        with a fault, in order, before the random rates are consulted:
+        with a fault, in order, before the random rates are consulted.
+        ``chat_id``: only calls naming that chat (e.g. a 429 for one chat
+        while the others go on); None: any call.  The faults:
 
         - ``"error"``: HTTP ``status`` (default 500) with Telegram's JSON
           error (``{"ok": false, "error_code": 502, "description": "Bad
@@ -358,8 +381,9 @@ class FakeTelegramServer(LocalServer):
         - ``"truncate"``: processed, then an answer cut off mid-body;
         - ``"delay"``: held ``seconds`` before it is processed normally.
         """
-        self._plan_fault(fault, count, method, status=status, retry_after=retry_after,
-                         seconds=seconds, html=html)
+        target = None if chat_id is None else _chat_key_of(chat_id)
+        self._plan_fault(fault, count, method, target, status=status,
+                         retry_after=retry_after, seconds=seconds, html=html)
 
     def set_fault_rates(self, *, method: Optional[str] = "sendMessage", error: float = 0.0,
                         too_many: float = 0.0, drop: float = 0.0, drop_after: float = 0.0,
@@ -554,6 +578,15 @@ class FakeTelegramServer(LocalServer):
         with self._lock:
             self._admins[str(chat_id)] = users
 
+    def max_in_flight(self) -> Dict[str, int]:
+        """Per chat (its key, a string), the most requests naming it that
+        the server was handling at once, from the moment one was read to the
+        moment its answer (or dropped connection) went out, whatever the
+        method or the outcome.  A client that sends a chat's requests one at
+        a time shows 1 for every chat."""
+        with self._lock:
+            return dict(self._peaks)
+
     def stats(self) -> Dict[str, int]:
         """Counters: ``requests``, ``connections`` (opened), ``sent`` (messages
         recorded), ``too_many`` (429s for limits; by limit: ``too_many_chat``,
@@ -563,8 +596,8 @@ class FakeTelegramServer(LocalServer):
 
     def reset(self) -> None:
         """Forget the record, the stored messages, the limit windows, the
-        faults, the counters, the migrations and the update queue (the
-        server keeps running)."""
+        faults, the counters, the migrations, the in-flight peaks and the
+        update queue (the server keeps running)."""
         super().reset()
 
     # -- request handling --------------------------------------------------
@@ -601,8 +634,42 @@ class FakeTelegramServer(LocalServer):
                                   request.body)
         except BadParams as exc:
             return self._answer(handler, _Answer(400, "Bad Request: %s" % exc))
+        chat = params.get("chat_id")
+        busy = None if chat is None or chat == "" or isinstance(chat, bool) else (
+            _chat_key_of(chat))
+        if busy is None:
+            return self._handle_call(handler, method, call, bot_id, params, None)
+        with self._lock:
+            self._busy[busy] += 1
+            if self._busy[busy] > self._peaks.get(busy, 0):
+                self._peaks[busy] = self._busy[busy]
+        self._tls.busy_chat = busy
+        try:
+            return self._handle_call(handler, method, call, bot_id, params, busy)
+        finally:
+            self._not_busy()  # if no answer went out (an exception)
 
-        fault, options = self._pick_fault(method)
+    def _not_busy(self):
+        # The request of this connection thread is answered: it no longer
+        # counts for its chat.  Called before the answer is written, since
+        # a client may send the chat's next request the moment it reads it.
+        busy = getattr(self._tls, "busy_chat", None)
+        if busy is not None:
+            self._tls.busy_chat = None
+            with self._lock:
+                self._busy[busy] -= 1
+
+    def _reply(self, handler, *args, **kwargs):
+        self._not_busy()
+        return super()._reply(handler, *args, **kwargs)
+
+    def _drop(self, handler):
+        self._not_busy()
+        return super()._drop(handler)
+
+    def _handle_call(self, handler, method, call, bot_id, params, target):
+        self._hold_arrival()
+        fault, options = self._pick_fault(method, target)
         if fault == "delay":
             time.sleep(options["seconds"])
         if fault == "drop":
