@@ -28,12 +28,6 @@ from hypothesis import strategies as st
 from fastdispatch import Pacing, RateLimit
 
 
-@pytest.fixture(autouse=True)
-def _needs_report_limit(impl):
-    if not hasattr(impl.SendContext, "report_limit"):
-        pytest.skip("this core has no report_limit yet")
-
-
 def wait_until(predicate, timeout=10.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
