@@ -79,6 +79,8 @@ _PARKED, _AGAIN = object(), object()
 _ELSEWHERE = object()
 _INF = float("inf")
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
+# The largest learned budget kept: more than any platform announces.
+_MAX_REMAINING = 1 << 62
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
 
@@ -166,8 +168,9 @@ class ChatQueue(RingBuffer):
         self.elsewhere = None
         # The limiter its tasks report learned limits to (set by the core
         # when it makes the queue; None for a queue built by hand), the key
-        # of its learned budgets (made on first use, by the owner), and the
-        # learned budgets that hold a place for its admitted start.
+        # of its learned budgets (made on first use, under the limiter's
+        # lock), and the learned budgets that hold a place for its admitted
+        # start (the limiter's lock).
         self.limiter = None
         self.lkey = None
         self.lres = None
@@ -388,43 +391,51 @@ def _new_item(chat_id, fn, future, t_queued, loop=None):
 
 def _checked_report(remaining, reset_after, bucket, scope):
     # SPEC §9: the values of a report_limit call, checked and made plain
-    # (an int or float subclass becomes an exact int or float, a str
-    # subclass an exact str: nothing user-defined reaches the limiter, whose
-    # lock and timer must never run user code).  Raises in the task.
-    if isinstance(remaining, bool) or not isinstance(remaining, int):
-        raise TypeError("report_limit: remaining must be an int, got %s"
-                        % (type(remaining).__name__,))
-    remaining = int.__int__(remaining)
+    # (an int or float subclass is read as the exact int or float it holds,
+    # a str subclass as its exact str: nothing user-defined runs past this
+    # point, nor in the limiter's lock or on the timer).  Raises in the task.
+    if type(remaining) is not int:
+        if isinstance(remaining, bool) or not isinstance(remaining, int):
+            raise TypeError("report_limit: remaining must be an int, got %s"
+                            % (type(remaining).__name__,))
+        remaining = int.__int__(remaining)
     if remaining < 0:
         raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
-    if isinstance(reset_after, bool) or not isinstance(reset_after, (int, float)):
-        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
-                        % (type(reset_after).__name__,))
-    if isinstance(reset_after, int):
+    if remaining > _MAX_REMAINING:
+        remaining = _MAX_REMAINING  # as the compiled core, which keeps a C integer
+    if type(reset_after) is float:
+        delay = reset_after
+    elif type(reset_after) is int or (isinstance(reset_after, int)
+                                      and not isinstance(reset_after, bool)):
         try:
             delay = int.__float__(reset_after)
         except OverflowError:
             delay = _INF
-    else:
+    elif isinstance(reset_after, float):
         delay = float.__float__(reset_after)
+    else:
+        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
+                        % (type(reset_after).__name__,))
     if delay != delay or delay < 0 or delay > _TIMEOUT_MAX:
         raise ValueError("report_limit: reset_after must be >= 0 and at most "
                          "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
     if bucket is not None:
-        if not isinstance(bucket, str):
-            raise TypeError("report_limit: bucket must be a str or None, got %s"
-                            % (type(bucket).__name__,))
-        bucket = str.__str__(bucket)
+        if type(bucket) is not str:
+            if not isinstance(bucket, str):
+                raise TypeError("report_limit: bucket must be a str or None, got %s"
+                                % (type(bucket).__name__,))
+            bucket = str.__str__(bucket)
         if not bucket:
             raise ValueError("report_limit: bucket must not be empty")
-    if not isinstance(scope, str):
-        raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
-                        % (type(scope).__name__,))
-    scope = str.__str__(scope)
-    if scope == "global":
-        is_global = True
-    elif scope == "chat":
+    if type(scope) is not str:
+        if not isinstance(scope, str):
+            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
+                            % (type(scope).__name__,))
+        scope = str.__str__(scope)
+    if scope == "chat":
         is_global = False
+    elif scope == "global":
+        is_global = True
     else:
         raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
     return remaining, delay, bucket, is_global
@@ -938,12 +949,14 @@ class _Limiter:
         O(1): one lock, at most three dict operations; a bucket seen for
         the first time also gets its entry on the forget schedule.
         """
-        key = q.lkey
-        if key is None:
-            key = q.lkey = _learned_key(q)
         with self.lock:
             if self.closed:
                 return
+            # Under the lock: a task may report from any thread, even after
+            # its end, while the chat's owner admits its next start.
+            key = q.lkey
+            if key is None:
+                key = q.lkey = _learned_key(q)
             if not self.learned:
                 self.learned = True
                 if self.on_learn is not None:

@@ -660,11 +660,13 @@ cdef class SendContext:
         task.  Outside a dispatcher the values are checked, then dropped.
         Cost: O(1) (one lock, a few dict operations).
         """
-        cdef long long n
-        cdef double delay
+        cdef long long n = _checked_remaining(remaining)
+        cdef double delay = _checked_reset_after(reset_after)
         cdef bint is_global
         cdef ChatQueue q
-        n, delay, bucket, is_global = _checked_report(remaining, reset_after, bucket, scope)
+        if bucket is not None:
+            bucket = _checked_bucket(bucket)
+        is_global = _checked_scope(scope)
         q = self._chatq
         if q is not None and q._limiter is not None:
             q._limiter.learn(q, n, delay, bucket, is_global)
@@ -766,53 +768,70 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
 cdef long long _MAX_REMAINING = 1 << 62
 
 
-cdef tuple _checked_report(object remaining, object reset_after, object bucket,
-                           object scope):
-    # SPEC §9: the values of a report_limit call, checked and made plain
-    # (an int or float subclass becomes an exact int or float, a str
-    # subclass an exact str: nothing user-defined reaches the limiter, whose
-    # lock and timer must never run user code).  Raises in the task.
-    cdef double delay
-    cdef bint is_global
-    if isinstance(remaining, bool) or not isinstance(remaining, int):
-        raise TypeError("report_limit: remaining must be an int, got %s"
-                        % (type(remaining).__name__,))
-    remaining = int.__int__(remaining)
+cdef long long _checked_remaining(object remaining) except -1:
+    # SPEC §9: report_limit's ``remaining``, checked.  An int subclass is
+    # read as the plain int it holds (int.__int__), so that nothing
+    # user-defined runs past this point (nor in the limiter's lock).
+    if type(remaining) is not int:
+        if isinstance(remaining, bool) or not isinstance(remaining, int):
+            raise TypeError("report_limit: remaining must be an int, got %s"
+                            % (type(remaining).__name__,))
+        remaining = int.__int__(remaining)
     if remaining < 0:
         raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
     if remaining > _MAX_REMAINING:
-        remaining = _MAX_REMAINING
-    if isinstance(reset_after, bool) or not isinstance(reset_after, (int, float)):
-        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
-                        % (type(reset_after).__name__,))
-    if isinstance(reset_after, int):
+        return _MAX_REMAINING
+    return remaining
+
+
+cdef double _checked_reset_after(object reset_after) except -1.0:
+    # ... its ``reset_after`` (an int or float subclass read as the plain
+    # value it holds).
+    cdef double delay
+    if type(reset_after) is float:
+        delay = reset_after
+    elif type(reset_after) is int or (isinstance(reset_after, int)
+                                      and not isinstance(reset_after, bool)):
         try:
             delay = int.__float__(reset_after)
         except OverflowError:
             delay = _INF
-    else:
+    elif isinstance(reset_after, float):
         delay = float.__float__(reset_after)
+    else:
+        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
+                        % (type(reset_after).__name__,))
     if delay != delay or delay < 0 or delay > _TIMEOUT_MAX_D:
         raise ValueError("report_limit: reset_after must be >= 0 and at most "
                          "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
-    if bucket is not None:
+    return delay
+
+
+cdef object _checked_bucket(object bucket):
+    # ... its ``bucket``: None or a non-empty str (a subclass read as the
+    # plain str it holds).
+    if type(bucket) is not str:
         if not isinstance(bucket, str):
             raise TypeError("report_limit: bucket must be a str or None, got %s"
                             % (type(bucket).__name__,))
         bucket = str.__str__(bucket)
-        if not bucket:
-            raise ValueError("report_limit: bucket must not be empty")
-    if not isinstance(scope, str):
-        raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
-                        % (type(scope).__name__,))
-    scope = str.__str__(scope)
+    if not bucket:
+        raise ValueError("report_limit: bucket must not be empty")
+    return bucket
+
+
+cdef bint _checked_scope(object scope) except -1:
+    # ... its ``scope``: True for "global", False for "chat".
+    if type(scope) is not str:
+        if not isinstance(scope, str):
+            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
+                            % (type(scope).__name__,))
+        scope = str.__str__(scope)
+    if scope == "chat":
+        return False
     if scope == "global":
-        is_global = True
-    elif scope == "chat":
-        is_global = False
-    else:
-        raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
-    return remaining, delay, bucket, is_global
+        return True
+    raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
 
 
 cdef object _learned_key(ChatQueue q):
@@ -1413,12 +1432,15 @@ cdef class _Limiter:
         """
         cdef _Bucket b, old
         cdef double now, reset
-        cdef object key = q._lkey
-        if key is None:
-            key = q._lkey = _learned_key(q)
+        cdef object key
         with self._lock:
             if self._closed:
                 return 0
+            # Under the lock: a task may report from any thread, even after
+            # its end, while the chat's owner admits its next start.
+            key = q._lkey
+            if key is None:
+                key = q._lkey = _learned_key(q)
             if not self._learned:
                 self._learned = True
                 # From now on every start asks the limiter (a dispatcher
