@@ -104,6 +104,23 @@ def test_report_outside_a_dispatcher_is_checked_then_dropped(impl):
         sc.report_limit(-1, 1.0)
 
 
+def test_a_context_kept_after_its_dispatcher_is_gone_reports_nowhere(impl):
+    import gc
+    import weakref
+    kept = []
+    d = impl.OutboundDispatcher()
+    d.submit("c", kept.append).result(timeout=10)
+    assert d.shutdown(timeout=10)
+    gone = weakref.ref(d)
+    del d
+    gc.collect()
+    assert gone() is None           # the kept SendContext does not hold it
+    kept[0].report_limit(0, 1.0)    # checked, then dropped: no crash
+    kept[0].report_limit(0, 1.0, scope="global")
+    with pytest.raises(TypeError, match="remaining"):
+        kept[0].report_limit("0", 1.0)
+
+
 def test_report_needs_keywords_for_bucket_and_scope(impl):
     with pytest.raises(TypeError):
         impl.SendContext("c").report_limit(1, 1.0, "bucket")

@@ -35,6 +35,7 @@ import logging
 import operator
 import sys
 import threading
+import weakref
 from collections import OrderedDict, deque
 from concurrent.futures._base import CANCELLED as _CANCELLED
 from concurrent.futures._base import CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED
@@ -135,7 +136,7 @@ class ChatQueue(RingBuffer):
 
     __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
                  "not_before", "granted", "waited", "window", "reserved",
-                 "stamped", "last_start", "elsewhere", "limiter", "lkey", "lres")
+                 "stamped", "last_start", "elsewhere", "core_ref", "lkey", "lres")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -166,12 +167,13 @@ class ChatQueue(RingBuffer):
         # Where its next task must run when that is not here (an event
         # loop, or _WORKERS): set by the owner for itself.
         self.elsewhere = None
-        # The limiter its tasks report learned limits to (set by the core
-        # when it makes the queue; None for a queue built by hand), the key
-        # of its learned budgets (made on first use, under the limiter's
-        # lock), and the learned budgets that hold a place for its admitted
-        # start (the limiter's lock).
-        self.limiter = None
+        # A weak reference to the core whose limiter its tasks report
+        # learned limits to (set by the core when it makes the queue; None
+        # for a queue built by hand): a SendContext kept after its
+        # dispatcher is gone must not keep it alive.  Then the key of its
+        # learned budgets (made on first use) and the learned budgets that
+        # hold a place for its admitted start (both under the limiter's lock).
+        self.core_ref = None
         self.lkey = None
         self.lres = None
 
@@ -355,8 +357,10 @@ class SendContext:
         remaining, reset_after, bucket, is_global = _checked_report(
             remaining, reset_after, bucket, scope)
         q = self._chatq
-        if q is not None and q.limiter is not None:
-            q.limiter.learn(q, remaining, reset_after, bucket, is_global)
+        if q is not None and q.core_ref is not None:
+            core = q.core_ref()
+            if core is not None:
+                core._limiter.learn(q, remaining, reset_after, bucket, is_global)
 
     def __repr__(self):
         return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
@@ -683,10 +687,11 @@ class _Limiter:
     ``RetryAfter(scope="global")``, the budgets the platform announced
     (``learn``: a chat's own, shared buckets, the global one), the wake-up
     schedule of parked chats, and the expiry lists that forget windows once
-    their last start has left them and budgets once their reset passed.  The core asks it once per start (``admit``), tells it when the
-    start is made (``commit``, right before the task is called: the limit
-    holds where the platform sees it) or will not be (``release``), and the
-    timer thread runs ``tick``.  No thread ever sleeps in here.
+    their last start has left them and budgets once their reset passed.
+    The core asks it once per start (``admit``), tells it when the start is
+    made (``commit``, right before the task is called: the limit holds
+    where the platform sees it) or will not be (``release``), and the timer
+    thread runs ``tick``.  No thread ever sleeps in here.
 
     Lock: ``lock`` guards every field below, and the pacing fields of a
     ``ChatQueue`` when the chat changes hands (its owner, a worker or the
@@ -1236,6 +1241,7 @@ class DispatcherCore:
         self._timer_next = _INF
         self._forced = False          # force_close() ran: nothing starts any more
         self._limiter = _Limiter(None, self._timer_needed, self._learning)
+        self._ref = weakref.ref(self)  # for its chat queues (see ChatQueue.core_ref)
         self._count_lock = _allocate_lock()
         self._pending = 0
         self._drain_waiters = 0
@@ -1324,7 +1330,7 @@ class DispatcherCore:
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
                 fresh._key = key
-                fresh.limiter = self._limiter
+                fresh.core_ref = self._ref
                 with self._map_lock:
                     q = queues.setdefault(key, fresh)
             with q.lock:

@@ -34,6 +34,7 @@ from collections import deque
 from heapq import heappop as _heappop, heappush as _heappush
 from concurrent.futures import _base as _futures_base
 from time import monotonic
+from weakref import ref as _weakref
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
@@ -431,11 +432,13 @@ cdef class ChatQueue(RingBuffer):
     # Where its next task must run when that is not here (an event loop, or
     # _WORKERS): set by the owner for itself.
     cdef object _elsewhere
-    # The limiter its tasks report learned limits to (set by the core when
-    # it makes the queue; None for a queue built by hand), the key of its
-    # learned budgets (made on first use), and the learned budgets that hold
-    # a place for its admitted start (the limiter's lock).
-    cdef _Limiter _limiter
+    # A weak reference to the core whose limiter its tasks report learned
+    # limits to (set by the core when it makes the queue; None for a queue
+    # built by hand): a SendContext kept after its dispatcher is gone must
+    # not keep the limiter alive, nor reach it.  Then the key of its
+    # learned budgets (made on first use) and the learned budgets that hold
+    # a place for its admitted start (both under the limiter's lock).
+    cdef object _core_ref
     cdef object _lkey
     cdef _Bucket _lres_chat, _lres_shared, _lres_glob
 
@@ -668,8 +671,10 @@ cdef class SendContext:
             bucket = _checked_bucket(bucket)
         is_global = _checked_scope(scope)
         q = self._chatq
-        if q is not None and q._limiter is not None:
-            q._limiter.learn(q, n, delay, bucket, is_global)
+        if q is not None and q._core_ref is not None:
+            core = q._core_ref()
+            if core is not None:  # held for the call: the limiter reaches it
+                (<DispatcherCore>core)._limiter.learn(q, n, delay, bucket, is_global)
 
     def __repr__(self):
         return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
@@ -1720,6 +1725,8 @@ cdef class DispatcherCore:
     cdef int _max_attempts
     cdef double _max_retry_after
     cdef _Limiter _limiter            # pacing (its own lock; see the class)
+    cdef object __weakref__
+    cdef object _ref                  # a weak reference to itself, for its chat queues
     cdef bint _limited                # every start asks the limiter
     # worker pool; all guarded by _pool_lock
     cdef cython.pymutex _pool_lock
@@ -1773,6 +1780,7 @@ cdef class DispatcherCore:
         self._timer_next = _INF
         self._limiter = _Limiter()
         self._limiter._configure(self, None)
+        self._ref = _weakref(self)
         self._retry_on = ()
         self._slot_waiters = deque()
         self._handoffs = {}
@@ -1883,7 +1891,7 @@ cdef class DispatcherCore:
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
                 fresh._key = key
-                fresh._limiter = self._limiter
+                fresh._core_ref = self._ref
                 with self._map_lock:
                     q = queues.setdefault(key, fresh)
             with q._lock:
