@@ -3,6 +3,7 @@
 Run:  python bench/instructions.py            (needs valgrind; ~4 minutes)
       python bench/instructions.py --quick    (submit/post only, ~1 minute)
       python bench/instructions.py --pacing   (a paced task against one not paced)
+      python bench/instructions.py --learned  (a task that reports a learned limit)
 
 Wall-clock ratios on a shared two-core machine move with the neighbours'
 load and with the allocator's state; instruction counts do not.  Each
@@ -42,6 +43,10 @@ scenario.close()
 # worker, with the queues filled while the worker is held at a gate (so the
 # count does not depend on how producer and worker interleave), without
 # pacing and with limits that never bind (the cost of the checks alone).
+# Learned limits (--learned): every task reports a budget that never binds,
+# its chat's own ("report") or a shared bucket of ten chats ("report
+# shared"), against a task that reports nothing (the "plain" one, whose
+# count says what learned limits cost a dispatcher that never uses them).
 PACING_RUNNER = r"""
 import sys, threading
 from fastdispatch import OutboundDispatcher, Pacing, RateLimit
@@ -53,6 +58,11 @@ if mode == "paced":
 sys.setswitchinterval(1.0)
 d = OutboundDispatcher(max_inflight=1, **kwargs)
 noop = lambda sc: None
+if mode == "report":
+    noop = lambda sc: sc.report_limit(1_000_000, 600.0)
+elif mode == "report shared":
+    buckets = ["b%d" % i for i in range(100)]
+    noop = lambda sc: sc.report_limit(1_000_000, 600.0, bucket=buckets[sc.chat_id % 100])
 for _ in range(rounds):
     gate = threading.Event()
     d.post("gate", lambda sc: gate.wait())
@@ -98,9 +108,14 @@ def main(argv=None):
     parser.add_argument("--pacing", action="store_true",
                         help="only the cost of pacing: a task paced (limits that never "
                              "bind) against one not paced, whole process, ~1 minute")
+    parser.add_argument("--learned", action="store_true",
+                        help="only the cost of learned limits: a task that reports a "
+                             "budget (never binding) against one that does not, ~1 minute")
     args = parser.parse_args(argv)
     if args.pacing:
         return pacing_cost(args.rounds)
+    if args.learned:
+        return pacing_cost(args.rounds, modes=LEARNED_MODES)
     from fastdispatch.bench import report, scenarios
 
     plan = PLAN[:2] if args.quick else PLAN
@@ -123,17 +138,24 @@ def main(argv=None):
     return 0
 
 
-def pacing_cost(rounds):
+PACING_MODES = (("plain", "no pacing"),
+                ("paced", "paced (global + chat limits, never binding)"))
+LEARNED_MODES = (("plain", "no pacing, no report"),
+                 ("report", "each task reports its chat's budget (never binding)"),
+                 ("report shared", "each task reports a shared bucket (never binding)"))
+
+
+def pacing_cost(rounds, modes=PACING_MODES):
     from fastdispatch.bench import report
     print("instructions per task, whole process (callgrind); %s" % report.describe_machine())
     per_task = {}
-    for mode in ("plain", "paced"):
+    for mode, _ in modes:
         base = collected(mode, "-", 1, False, runner=PACING_RUNNER)
         more = collected(mode, "-", 1 + rounds, False, runner=PACING_RUNNER)
         per_task[mode] = (more - base) / (rounds * PACING_OPS)
-    rows = [("no pacing", "%.0f" % per_task["plain"], "1.00"),
-            ("paced (global + chat limits, never binding)", "%.0f" % per_task["paced"],
-             "%.2f" % (per_task["paced"] / per_task["plain"]))]
+    plain = per_task["plain"]
+    rows = [(label, "%.0f" % per_task[mode], "%.2f" % (per_task[mode] / plain))
+            for mode, label in modes]
     print("\ne2e: post 10k over 1000 chats, one worker (all threads)")
     print(report.format_table(("dispatcher", "instructions / task", "x no pacing"), rows))
     return 0

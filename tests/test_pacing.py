@@ -137,6 +137,13 @@ def test_telegram_preset_limits_groups_privately_and_bot_wide():
     assert Pacing.telegram(broadcast=1000).global_limit == RateLimit(1000, per=1.0)
 
 
+def test_discord_preset_is_bot_wide_only():
+    # Per-channel limits are learned from the answers (sc.report_limit).
+    p = Pacing.discord()
+    assert p.global_limit == RateLimit(50, per=1.0)
+    assert p.chat_limit is None and p.limit_for is None
+
+
 # ------------------------------------------------------------- sliding window
 
 def test_chat_limit_is_a_sliding_window_per_chat(make_dispatcher):

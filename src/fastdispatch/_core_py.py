@@ -18,7 +18,8 @@ Locks, and what each protects:
 - ``_run_lock`` (the timer's lock): the registry of running tasks (the
   deadline schedule), ``_forced``, and the timer thread's sleep state.
 - ``_Limiter.lock``: all of pacing (windows, the global line and pause,
-  the wake-up schedule of parked chats); its class says more.
+  the budgets learned from ``sc.report_limit``, the wake-up schedule of
+  parked chats); its class says more.
 - ``_count_lock``: the counters (the C twin uses atomic integers instead).
 
 Nesting: a queue lock is held around ``_map_lock`` (when the last chat
@@ -34,6 +35,7 @@ import logging
 import operator
 import sys
 import threading
+import weakref
 from collections import OrderedDict, deque
 from concurrent.futures._base import CANCELLED as _CANCELLED
 from concurrent.futures._base import CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED
@@ -78,6 +80,8 @@ _PARKED, _AGAIN = object(), object()
 _ELSEWHERE = object()
 _INF = float("inf")
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
+# The largest learned budget kept: more than any platform announces.
+_MAX_REMAINING = 1 << 62
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
 
@@ -132,7 +136,7 @@ class ChatQueue(RingBuffer):
 
     __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
                  "not_before", "granted", "waited", "window", "reserved",
-                 "stamped", "last_start", "elsewhere")
+                 "stamped", "last_start", "elsewhere", "core_ref", "lkey", "lres")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -163,6 +167,15 @@ class ChatQueue(RingBuffer):
         # Where its next task must run when that is not here (an event
         # loop, or _WORKERS): set by the owner for itself.
         self.elsewhere = None
+        # A weak reference to the core whose limiter its tasks report
+        # learned limits to (set by the core when it makes the queue; None
+        # for a queue built by hand): a SendContext kept after its
+        # dispatcher is gone must not keep it alive.  Then the key of its
+        # learned budgets (made on first use) and the learned budgets that
+        # hold a place for its admitted start (both under the limiter's lock).
+        self.core_ref = None
+        self.lkey = None
+        self.lres = None
 
 
 class _Window:
@@ -248,7 +261,7 @@ class SendContext:
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
         "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
-        "_error", "_loop", "_aio", "_queue",
+        "_error", "_loop", "_aio", "_queue", "_chatq",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -266,6 +279,9 @@ class SendContext:
         # (None once its end was claimed: see DispatcherCore._claim); all
         # None for a thread task.
         self._loop = self._aio = self._queue = None
+        # The chat queue of the running attempt (set at its start), through
+        # which report_limit reaches the limiter; None outside a dispatcher.
+        self._chatq = None
 
     @property
     def attempt(self):
@@ -326,6 +342,26 @@ class SendContext:
         if self.cancelled:
             raise SendTimeout("the send deadline passed")
 
+    def report_limit(self, remaining, reset_after, *, bucket=None, scope="chat"):
+        """Tell the dispatcher what the platform announced in its answer.
+
+        After this attempt at most ``remaining`` more starts are allowed
+        before ``reset_after`` seconds from now: for this chat
+        (``scope="chat"``), for every chat (``scope="global"``), or for every
+        chat that reports the same ``bucket`` string (``bucket`` wins over
+        ``scope``).  A later report replaces an earlier one for the same
+        bucket.  Bad values raise ``TypeError``/``ValueError`` here, in the
+        task.  Outside a dispatcher the values are checked, then dropped.
+        Cost: O(1) (one lock, a few dict operations).
+        """
+        remaining, reset_after, bucket, is_global = _checked_report(
+            remaining, reset_after, bucket, scope)
+        q = self._chatq
+        if q is not None and q.core_ref is not None:
+            core = q.core_ref()
+            if core is not None:
+                core._limiter.learn(q, remaining, reset_after, bucket, is_global)
+
     def __repr__(self):
         return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
             _safe_repr(self.chat_id), self._deadline, self.cancelled)
@@ -353,8 +389,60 @@ def _new_item(chat_id, fn, future, t_queued, loop=None):
     item._attempt = 1
     item._error = None
     item._loop = loop
-    item._aio = item._queue = None
+    item._aio = item._queue = item._chatq = None
     return item
+
+
+def _checked_report(remaining, reset_after, bucket, scope):
+    # SPEC §9: the values of a report_limit call, checked and made plain
+    # (an int or float subclass is read as the exact int or float it holds,
+    # a str subclass as its exact str: nothing user-defined runs past this
+    # point, nor in the limiter's lock or on the timer).  Raises in the task.
+    if type(remaining) is not int:
+        if isinstance(remaining, bool) or not isinstance(remaining, int):
+            raise TypeError("report_limit: remaining must be an int, got %s"
+                            % (type(remaining).__name__,))
+        remaining = int.__int__(remaining)
+    if remaining < 0:
+        raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
+    if remaining > _MAX_REMAINING:
+        remaining = _MAX_REMAINING  # as the compiled core, which keeps a C integer
+    if type(reset_after) is float:
+        delay = reset_after
+    elif type(reset_after) is int or (isinstance(reset_after, int)
+                                      and not isinstance(reset_after, bool)):
+        try:
+            delay = int.__float__(reset_after)
+        except OverflowError:
+            delay = _INF
+    elif isinstance(reset_after, float):
+        delay = float.__float__(reset_after)
+    else:
+        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
+                        % (type(reset_after).__name__,))
+    if delay != delay or delay < 0 or delay > _TIMEOUT_MAX:
+        raise ValueError("report_limit: reset_after must be >= 0 and at most "
+                         "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
+    if bucket is not None:
+        if type(bucket) is not str:
+            if not isinstance(bucket, str):
+                raise TypeError("report_limit: bucket must be a str or None, got %s"
+                                % (type(bucket).__name__,))
+            bucket = str.__str__(bucket)
+        if not bucket:
+            raise ValueError("report_limit: bucket must not be empty")
+    if type(scope) is not str:
+        if not isinstance(scope, str):
+            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
+                            % (type(scope).__name__,))
+        scope = str.__str__(scope)
+    if scope == "chat":
+        is_global = False
+    elif scope == "global":
+        is_global = True
+    else:
+        raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
+    return remaining, delay, bucket, is_global
 
 
 def _awaitable_error(item, result):
@@ -464,6 +552,15 @@ def _chat_key(chat_id):
     return _ChatKey(chat_id, hash_value)
 
 
+def _learned_key(q):
+    # The key of a chat's learned budgets: like a window's, one that keeps
+    # equalling the chat's other keys after its queue left the chat map.
+    key = q._key
+    if type(key) is _ChatKey:
+        key = _ChatKey(q.chat_id, key._hash)
+    return key
+
+
 def _take_head_locked(q):
     # With q.lock held: the chat's next task (a retried one first, then the
     # oldest waiting), or None when it has none.
@@ -542,8 +639,42 @@ def _notify_cancelled(future):
         future.set_running_or_notify_cancel()
 
 
-# Which windows hold a place for a chat's admitted start (ChatQueue.reserved).
-_CHAT, _GLOBAL = 1, 2
+# Which windows hold a place for a chat's admitted start (ChatQueue.reserved):
+# its own window, the global one, learned budgets (ChatQueue.lres says which).
+_CHAT, _GLOBAL, _LEARNED = 1, 2, 4
+# What a learned budget covers (_Bucket.kind).
+_B_CHAT, _B_SHARED, _B_GLOBAL = 0, 1, 2
+
+
+class _Bucket:
+    """A budget the platform announced (``sc.report_limit``): at most
+    ``remaining`` more starts before ``reset`` (a monotonic time).
+
+    ``pending`` counts starts admitted against it, not made yet (as in
+    ``_Window``); ``commit`` spends one of ``remaining``.  Once ``reset``
+    has passed it no longer applies, and the timer forgets it
+    (``dead``): ``heap_at`` is the time of its one entry on the limiter's
+    forget schedule (None while it has none).  A shared bucket knows the
+    chats that reported it (``members``), whose links to it go with it.
+    Guarded by the limiter's lock.
+    """
+
+    __slots__ = ("kind", "key", "remaining", "reset", "pending", "dead", "heap_at",
+                 "members")
+
+    def __init__(self, kind, key):
+        self.kind = kind
+        self.key = key          # chat key, bucket string, or None (global)
+        self.remaining = 0
+        self.reset = 0.0
+        self.pending = 0
+        self.dead = False
+        self.heap_at = None
+        self.members = set() if kind == _B_SHARED else None
+
+    def spent(self, now):
+        """Whether one more start now would overdraw it (it still applies)."""
+        return self.reset > now and self.remaining - self.pending <= 0
 # What _Limiter.admit returns.
 _START, _PARK, _REFETCH = 1, 0, -1
 
@@ -553,12 +684,14 @@ class _Limiter:
 
     The configured windows (each chat's, the global one), the line of chats
     waiting their turn under the global limit, the global pause of a
-    ``RetryAfter(scope="global")``, the wake-up schedule of parked chats,
-    and the expiry list that forgets windows once their last start has left
-    them.  The core asks it once per start (``admit``), tells it when the
-    start is made (``commit``, right before the task is called: the limit
-    holds where the platform sees it) or will not be (``release``), and the
-    timer thread runs ``tick``.  No thread ever sleeps in here.
+    ``RetryAfter(scope="global")``, the budgets the platform announced
+    (``learn``: a chat's own, shared buckets, the global one), the wake-up
+    schedule of parked chats, and the expiry lists that forget windows once
+    their last start has left them and budgets once their reset passed.
+    The core asks it once per start (``admit``), tells it when the start is
+    made (``commit``, right before the task is called: the limit holds
+    where the platform sees it) or will not be (``release``), and the timer
+    thread runs ``tick``.  No thread ever sleeps in here.
 
     Lock: ``lock`` guards every field below, and the pacing fields of a
     ``ChatQueue`` when the chat changes hands (its owner, a worker or the
@@ -572,14 +705,27 @@ class _Limiter:
     the time of the call.  A start admitted but not yet made counts as
     inside every window, so two chats cannot both take the last place, and a
     slow ``on_start`` hook (or, for a coroutine task, the hop to its event
-    loop) cannot squeeze two calls closer than the window allows.
+    loop) cannot squeeze two calls closer than the window allows.  Learned
+    budgets work the same way (``_Bucket.pending``); a start needs every
+    configured window and every learned budget that covers its chat.
+    A start admitted before a report and made after it counts against the
+    new budget (it is made after the report) even if that leaves it
+    overdrawn: what is under way is not called back.
+
+    Learned budgets cost nothing until the first report: it sets the
+    core's ``_limited`` (``on_learn``), after which every start is
+    admitted here.  Each budget has one entry on the forget schedule
+    (``bucket_heap``), pushed again when a later report moved its reset
+    further: the tables hold only budgets whose reset has not passed.
     """
 
     __slots__ = ("lock", "need_timer", "closed", "pause_until", "wakeups", "seq",
                  "line", "granted", "glob", "chat_limit", "limit_for", "chat_limits",
-                 "configured", "windows", "expiry", "paced", "parked")
+                 "configured", "windows", "expiry", "paced", "parked",
+                 "on_learn", "learned", "chat_buckets", "shared", "links", "gbucket",
+                 "bucket_heap")
 
-    def __init__(self, pacing, need_timer):
+    def __init__(self, pacing, need_timer, on_learn=None):
         self.lock = _allocate_lock()
         self.need_timer = need_timer  # the core's _timer_needed(when)
         self.closed = False           # force_close(): the line and schedule are gone
@@ -603,6 +749,13 @@ class _Limiter:
         self.windows = {}             # chat key -> _Window (outlives the chat's queue)
         self.expiry = {}              # per -> deque of _Window, by last start
         self.paced = self.parked = 0
+        self.on_learn = on_learn      # called once, at the first report
+        self.learned = False          # a report arrived: budgets may exist
+        self.chat_buckets = {}        # chat key -> _Bucket (scope="chat")
+        self.shared = {}              # bucket string -> _Bucket
+        self.links = {}               # chat key -> the shared _Bucket it last reported
+        self.gbucket = None           # the _Bucket of scope="global", or None
+        self.bucket_heap = []         # heap of (time, seq, _Bucket): when to forget
 
     # -- a chat's window --------------------------------------------------
 
@@ -676,6 +829,14 @@ class _Limiter:
                     until = t
                     if t > now:
                         q.waited = True
+            buckets = None
+            if self.learned:
+                buckets = self._buckets_of_locked(q)
+                for b in buckets:
+                    if b.spent(now):
+                        q.waited = True
+                        if b.reset > until:
+                            until = b.reset
             if until > now:
                 if q.granted:
                     # Hand the granted start back to the line.
@@ -703,6 +864,13 @@ class _Limiter:
             if window is not None and window.count:
                 window.reserve()
                 reserved |= _CHAT
+            if buckets:
+                live = [b for b in buckets if b.reset > now]
+                if live:
+                    for b in live:
+                        b.pending += 1
+                    q.lres = live
+                    reserved |= _LEARNED
             q.reserved = reserved
             q.stamped = None
             if q.waited:
@@ -719,6 +887,7 @@ class _Limiter:
             t = monotonic()
             reserved, q.reserved = q.reserved, 0
             if self.closed:
+                q.lres = None
                 return t  # force_close() dropped every window
             if reserved & _CHAT:
                 window = q.window
@@ -728,6 +897,11 @@ class _Limiter:
             if reserved & _GLOBAL:
                 self.glob.commit(t)
                 self._line_changed_locked()
+            if reserved & _LEARNED:
+                lres, q.lres = q.lres, None
+                for b in lres:
+                    b.pending -= 1
+                    b.remaining -= 1
         return t
 
     def release(self, q):
@@ -736,6 +910,7 @@ class _Limiter:
         with self.lock:
             reserved, q.reserved = q.reserved, 0
             if self.closed:
+                q.lres = None
                 return
             if reserved & _CHAT:
                 window = q.window
@@ -744,6 +919,10 @@ class _Limiter:
             if reserved & _GLOBAL:
                 self.glob.release()
                 self._line_changed_locked()
+            if reserved & _LEARNED:
+                lres, q.lres = q.lres, None
+                for b in lres:
+                    b.pending -= 1
 
     def _line_changed_locked(self):
         # A pending global start was made or given back: the line's next
@@ -766,6 +945,119 @@ class _Limiter:
             self.need_timer(window.last() + window.per)
         expiry.append(window)
         window.entries += 1
+
+    # -- budgets the platform announced ---------------------------------------
+
+    def learn(self, q, remaining, reset_after, bucket, is_global):
+        """A task of ``q`` reported a budget (values checked by the caller).
+
+        O(1): one lock, at most three dict operations; a bucket seen for
+        the first time also gets its entry on the forget schedule.
+        """
+        with self.lock:
+            if self.closed:
+                return
+            # Under the lock: a task may report from any thread, even after
+            # its end, while the chat's owner admits its next start.
+            key = q.lkey
+            if key is None:
+                key = q.lkey = _learned_key(q)
+            if not self.learned:
+                self.learned = True
+                if self.on_learn is not None:
+                    self.on_learn()
+            now = monotonic()
+            reset = now + reset_after
+            if bucket is not None:
+                b = self.shared.get(bucket)
+                if b is None:
+                    b = self.shared[bucket] = _Bucket(_B_SHARED, bucket)
+                elif b.reset <= now:
+                    # Its reset passed (the timer has not forgotten it yet):
+                    # the chats that reported it before are no longer in it.
+                    self._unlink_members_locked(b)
+                old = self.links.get(key)
+                if old is not b:
+                    if old is not None:
+                        old.members.discard(key)
+                    self.links[key] = b
+                    b.members.add(key)
+            elif is_global:
+                b = self.gbucket
+                if b is None:
+                    b = self.gbucket = _Bucket(_B_GLOBAL, None)
+            else:
+                b = self.chat_buckets.get(key)
+                if b is None:
+                    b = self.chat_buckets[key] = _Bucket(_B_CHAT, key)
+            b.remaining = remaining
+            b.reset = reset
+            if b.heap_at is None:
+                self._forget_at_locked(b, reset)
+
+    def _forget_at_locked(self, b, when):
+        # The bucket's one entry on the forget schedule; the timer is told
+        # when it becomes the earliest.
+        b.heap_at = when
+        self.seq += 1
+        entry = (when, self.seq, b)
+        heapq.heappush(self.bucket_heap, entry)
+        if self.bucket_heap[0] is entry:
+            self.need_timer(when)
+
+    def _buckets_of_locked(self, q):
+        # The learned budgets that cover ``q``: its own, the shared bucket it
+        # last reported, the global one.
+        found = []
+        if self.chat_buckets or self.links:
+            key = q.lkey
+            if key is None:
+                key = q.lkey = _learned_key(q)
+            b = self.chat_buckets.get(key)
+            if b is not None:
+                found.append(b)
+            b = self.links.get(key)
+            if b is not None:
+                found.append(b)
+        if self.gbucket is not None:
+            found.append(self.gbucket)
+        return found
+
+    def _unlink_members_locked(self, b):
+        # The chats that reported shared bucket ``b`` leave it.
+        links = self.links
+        for key in b.members:
+            if links.get(key) is b:
+                del links[key]
+        b.members = set()
+        if not links:
+            links.clear()
+
+    def _forget_bucket_locked(self, b):
+        # Its reset passed: the budget no longer applies and goes, with the
+        # links of the chats that reported it.  Chat keys' __eq__ cannot
+        # raise (see _ChatKey); the timer goes on whatever happens.
+        b.dead = True
+        try:
+            if b.kind == _B_CHAT:
+                table = self.chat_buckets
+                if table.get(b.key) is b:
+                    del table[b.key]
+            elif b.kind == _B_SHARED:
+                table = self.shared
+                if table.get(b.key) is b:
+                    del table[b.key]
+                self._unlink_members_locked(b)
+            else:
+                table = None
+                if self.gbucket is b:
+                    self.gbucket = None
+            if table is not None and not table:
+                # A dict keeps its largest table after deletions: give back
+                # the memory of a burst of chats.
+                table.clear()
+        except BaseException:
+            logger.exception("could not forget a learned rate limit")
 
     def retry_at(self, q, until, is_global, refused):
         """The chat's next attempt may not start before ``until``.
@@ -850,6 +1142,17 @@ class _Limiter:
                     emptied.append(per)
             for per in emptied:
                 del self.expiry[per]
+            heap = self.bucket_heap
+            while heap:
+                if heap[0][0] > now:
+                    until = min(until, heap[0][0])
+                    break
+                b = heapq.heappop(heap)[2]
+                b.heap_at = None
+                if b.reset > now:
+                    self._forget_at_locked(b, b.reset)  # a later report moved it
+                else:
+                    self._forget_bucket_locked(b)
             return until
 
     def _forget_window_locked(self, window):
@@ -884,6 +1187,11 @@ class _Limiter:
                 window.dead = True
             self.windows.clear()
             self.expiry.clear()
+            self.chat_buckets.clear()
+            self.shared.clear()
+            self.links.clear()
+            self.gbucket = None
+            self.bucket_heap = []
         return parked
 
     def counters(self):
@@ -897,7 +1205,10 @@ class _Limiter:
                     "expiry_lists": len(self.expiry),
                     "wakeups": len(self.wakeups), "line": len(self.line),
                     "granted": self.granted, "parked": self.parked,
-                    "pending": self.glob.pending if self.glob is not None else 0}
+                    "pending": self.glob.pending if self.glob is not None else 0,
+                    "buckets": (len(self.chat_buckets) + len(self.shared)
+                                + (self.gbucket is not None)),
+                    "links": len(self.links), "bucket_heap": len(self.bucket_heap)}
 
 
 class DispatcherCore:
@@ -929,7 +1240,8 @@ class DispatcherCore:
         # at the limiter outside _run_lock): seen when it decides to sleep.
         self._timer_next = _INF
         self._forced = False          # force_close() ran: nothing starts any more
-        self._limiter = _Limiter(None, self._timer_needed)
+        self._limiter = _Limiter(None, self._timer_needed, self._learning)
+        self._ref = weakref.ref(self)  # for its chat queues (see ChatQueue.core_ref)
         self._count_lock = _allocate_lock()
         self._pending = 0
         self._drain_waiters = 0
@@ -963,10 +1275,16 @@ class DispatcherCore:
         self._retry_on = retry.retry_on if retry is not None else ()
         self._max_attempts = retry.max_attempts if retry is not None else 1
         self._max_retry_after = retry.max_retry_after if retry is not None else 0.0
-        self._limiter = _Limiter(pacing, self._timer_needed)
+        self._limiter = _Limiter(pacing, self._timer_needed, self._learning)
         # Whether every start must ask the limiter (else only a chat with a
-        # pending retry delay or during a global pause does).
+        # pending retry delay or during a global pause does).  Set for good
+        # by the first report_limit (_learning).
         self._limited = self._limiter.configured
+
+    def _learning(self):
+        # The first report_limit: from now on every start asks the limiter
+        # (a dispatcher that never learns a limit never pays for it).
+        self._limited = True
 
     # ------------------------------------------------------------------ submit
 
@@ -1012,6 +1330,7 @@ class DispatcherCore:
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
                 fresh._key = key
+                fresh.core_ref = self._ref
                 with self._map_lock:
                     q = queues.setdefault(key, fresh)
             with q.lock:
@@ -1635,6 +1954,7 @@ class DispatcherCore:
                 self._on_start(item.chat_id)
             except BaseException as exc:
                 self._hook_failed("on_start", exc)
+        item._chatq = q
         if q.reserved:
             item._t_start = self._limiter.commit(q)
         elif self._send_timeout is not None or self._on_done is not None:

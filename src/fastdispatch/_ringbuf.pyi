@@ -8,7 +8,7 @@ not for use by applications.
 
 import logging
 from concurrent.futures import Future
-from typing import Awaitable, overload, Any, Callable, Hashable, Iterable, List, Optional, Tuple, TypeVar, final
+from typing import Awaitable, overload, Any, Literal, Callable, Hashable, Iterable, List, Optional, Tuple, TypeVar, final
 
 from ._types import DispatcherHooks, DispatchInfo
 from .pacing import Pacing, RetryPolicy
@@ -58,6 +58,9 @@ class SendContext:
     def cancelled(self) -> bool: ...
     def wait(self, timeout: Optional[float] = None) -> bool: ...
     def check(self) -> None: ...
+    def report_limit(self, remaining: int, reset_after: float, *,
+                     bucket: Optional[str] = None,
+                     scope: Literal["chat", "global"] = "chat") -> None: ...
 
 @final
 class LatencyHistogram:

@@ -12,8 +12,9 @@ the compiled version changes is the cost of each step:
 - the ready list and the running registry are intrusive linked lists through
   the ``ChatQueue`` and ``SendContext`` objects themselves: no allocation
   and O(1) unlink;
-- a rate-limit window is a C ring of doubles, and a dispatcher without
-  pacing pays for pacing with one test of three C fields per task.
+- a rate-limit window is a C ring of doubles, a learned budget a few C
+  fields, and a dispatcher without pacing (and without a report) pays for
+  pacing with one test of three C fields per task.
 
 Nothing here relies on the GIL for mutual exclusion: every shared field is
 either read and written under the lock that owns it (see the comment on each
@@ -33,6 +34,7 @@ from collections import deque
 from heapq import heappop as _heappop, heappush as _heappush
 from concurrent.futures import _base as _futures_base
 from time import monotonic
+from weakref import ref as _weakref
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
@@ -395,6 +397,8 @@ cdef class RingBuffer:
 
 cdef class SendContext
 cdef class _Window
+cdef class _Bucket
+cdef class _Limiter
 cdef class DispatcherCore
 
 
@@ -428,6 +432,15 @@ cdef class ChatQueue(RingBuffer):
     # Where its next task must run when that is not here (an event loop, or
     # _WORKERS): set by the owner for itself.
     cdef object _elsewhere
+    # A weak reference to the core whose limiter its tasks report learned
+    # limits to (set by the core when it makes the queue; None for a queue
+    # built by hand): a SendContext kept after its dispatcher is gone must
+    # not keep the limiter alive, nor reach it.  Then the key of its
+    # learned budgets (made on first use) and the learned budgets that hold
+    # a place for its admitted start (both under the limiter's lock).
+    cdef object _core_ref
+    cdef object _lkey
+    cdef _Bucket _lres_chat, _lres_shared, _lres_glob
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -565,6 +578,9 @@ cdef class SendContext:
     cdef object _loop
     cdef object _aio
     cdef ChatQueue _queue
+    # The chat queue of the running attempt (set at its start), through
+    # which report_limit reaches the limiter; None outside a dispatcher.
+    cdef ChatQueue _chatq
 
     def __init__(self, chat_id, deadline=None):
         self.chat_id = chat_id
@@ -634,6 +650,31 @@ cdef class SendContext:
             raise Cancelled("the dispatcher was force-closed")
         if self._is_cancelled():
             raise SendTimeout("the send deadline passed")
+
+    def report_limit(self, remaining, reset_after, *, bucket=None, scope="chat"):
+        """Tell the dispatcher what the platform announced in its answer.
+
+        After this attempt at most ``remaining`` more starts are allowed
+        before ``reset_after`` seconds from now: for this chat
+        (``scope="chat"``), for every chat (``scope="global"``), or for every
+        chat that reports the same ``bucket`` string (``bucket`` wins over
+        ``scope``).  A later report replaces an earlier one for the same
+        bucket.  Bad values raise ``TypeError``/``ValueError`` here, in the
+        task.  Outside a dispatcher the values are checked, then dropped.
+        Cost: O(1) (one lock, a few dict operations).
+        """
+        cdef long long n = _checked_remaining(remaining)
+        cdef double delay = _checked_reset_after(reset_after)
+        cdef bint is_global
+        cdef ChatQueue q
+        if bucket is not None:
+            bucket = _checked_bucket(bucket)
+        is_global = _checked_scope(scope)
+        q = self._chatq
+        if q is not None and q._core_ref is not None:
+            core = q._core_ref()
+            if core is not None:  # held for the call: the limiter reaches it
+                (<DispatcherCore>core)._limiter.learn(q, n, delay, bucket, is_global)
 
     def __repr__(self):
         return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
@@ -726,6 +767,85 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
     item._attempt = 1
     item._loop = loop
     return item
+
+
+# The largest budget kept: more than any platform announces, far from overflow.
+cdef long long _MAX_REMAINING = 1 << 62
+
+
+cdef long long _checked_remaining(object remaining) except -1:
+    # SPEC §9: report_limit's ``remaining``, checked.  An int subclass is
+    # read as the plain int it holds (int.__int__), so that nothing
+    # user-defined runs past this point (nor in the limiter's lock).
+    if type(remaining) is not int:
+        if isinstance(remaining, bool) or not isinstance(remaining, int):
+            raise TypeError("report_limit: remaining must be an int, got %s"
+                            % (type(remaining).__name__,))
+        remaining = int.__int__(remaining)
+    if remaining < 0:
+        raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
+    if remaining > _MAX_REMAINING:
+        return _MAX_REMAINING
+    return remaining
+
+
+cdef double _checked_reset_after(object reset_after) except -1.0:
+    # ... its ``reset_after`` (an int or float subclass read as the plain
+    # value it holds).
+    cdef double delay
+    if type(reset_after) is float:
+        delay = reset_after
+    elif type(reset_after) is int or (isinstance(reset_after, int)
+                                      and not isinstance(reset_after, bool)):
+        try:
+            delay = int.__float__(reset_after)
+        except OverflowError:
+            delay = _INF
+    elif isinstance(reset_after, float):
+        delay = float.__float__(reset_after)
+    else:
+        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
+                        % (type(reset_after).__name__,))
+    if delay != delay or delay < 0 or delay > _TIMEOUT_MAX_D:
+        raise ValueError("report_limit: reset_after must be >= 0 and at most "
+                         "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
+    return delay
+
+
+cdef object _checked_bucket(object bucket):
+    # ... its ``bucket``: None or a non-empty str (a subclass read as the
+    # plain str it holds).
+    if type(bucket) is not str:
+        if not isinstance(bucket, str):
+            raise TypeError("report_limit: bucket must be a str or None, got %s"
+                            % (type(bucket).__name__,))
+        bucket = str.__str__(bucket)
+    if not bucket:
+        raise ValueError("report_limit: bucket must not be empty")
+    return bucket
+
+
+cdef bint _checked_scope(object scope) except -1:
+    # ... its ``scope``: True for "global", False for "chat".
+    if type(scope) is not str:
+        if not isinstance(scope, str):
+            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
+                            % (type(scope).__name__,))
+        scope = str.__str__(scope)
+    if scope == "chat":
+        return False
+    if scope == "global":
+        return True
+    raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
+
+
+cdef object _learned_key(ChatQueue q):
+    # The key of a chat's learned budgets: like a window's, one that keeps
+    # equalling the chat's other keys after its queue left the chat map.
+    cdef object key = q._key
+    if type(key) is _ChatKey:
+        key = _rekey(<_ChatKey>key)
+    return key
 
 
 cdef inline SendContext _take_head_locked(ChatQueue q):
@@ -918,12 +1038,52 @@ cdef class LatencyHistogram:
 
 # Which windows hold a place for a chat's admitted start (ChatQueue._reserved).
 cdef enum:
+    # Which windows hold a place for a chat's admitted start (_reserved):
+    # its own window, the global one, learned budgets (_lres_* say which).
     _CHAT = 1
     _GLOBAL = 2
+    _LEARNED = 4
+    # What a learned budget covers (_Bucket.kind).
+    _B_CHAT = 0
+    _B_SHARED = 1
+    _B_GLOBAL = 2
     # What _Limiter.admit returns.
     _START = 1
     _PARK = 0
     _REFETCH = -1
+
+
+@cython.final
+cdef class _Bucket:
+    """A budget the platform announced (``sc.report_limit``): at most
+    ``remaining`` more starts before ``reset`` (a monotonic time).
+
+    ``pending`` counts starts admitted against it, not made yet (as in
+    ``_Window``); ``commit`` spends one of ``remaining``.  Once ``reset``
+    has passed it no longer applies, and the timer forgets it (``dead``):
+    ``in_heap`` says it has its one entry on the limiter's forget schedule.
+    A shared bucket knows the chats that reported it (``members``), whose
+    links to it go with it.  Guarded by the limiter's lock.
+    """
+
+    cdef int kind
+    cdef object key             # chat key, bucket string, or None (global)
+    cdef long long remaining
+    cdef double reset
+    cdef long long pending
+    cdef bint dead
+    cdef bint in_heap
+    cdef set members
+
+    def __cinit__(self, int kind, key):
+        self.kind = kind
+        self.key = key
+        if kind == _B_SHARED:
+            self.members = set()
+
+    cdef inline bint spent(self, double now):
+        """Whether one more start now would overdraw it (it still applies)."""
+        return self.reset > now and self.remaining - self.pending <= 0
 
 
 @cython.final
@@ -932,9 +1092,11 @@ cdef class _Limiter:
 
     The configured windows (each chat's, the global one), the line of chats
     waiting their turn under the global limit, the global pause of a
-    ``RetryAfter(scope="global")``, the wake-up schedule of parked chats,
-    and the expiry list that forgets windows once their last start has left
-    them.  The core asks it once per start (``admit``), tells it when the
+    ``RetryAfter(scope="global")``, the budgets the platform announced
+    (``learn``: a chat's own, shared buckets, the global one), the wake-up
+    schedule of parked chats, and the expiry lists that forget windows once
+    their last start has left them and budgets once their reset passed.
+    The core asks it once per start (``admit``), tells it when the
     start is made (``commit``, right before the task is called: the limit
     holds where the platform sees it) or will not be (``release``), and the
     timer thread runs ``tick``.  No thread ever sleeps in here.
@@ -951,7 +1113,18 @@ cdef class _Limiter:
     the time of the call.  A start admitted but not yet made counts as
     inside every window, so two chats cannot both take the last place, and a
     slow ``on_start`` hook (or, for a coroutine task, the hop to its event
-    loop) cannot squeeze two calls closer than the window allows.
+    loop) cannot squeeze two calls closer than the window allows.  Learned
+    budgets work the same way (``_Bucket.pending``); a start needs every
+    configured window and every learned budget that covers its chat.
+    A start admitted before a report and made after it counts against the
+    new budget (it is made after the report) even if that leaves it
+    overdrawn: what is under way is not called back.
+
+    Learned budgets cost nothing until the first report: it sets the
+    core's ``_limited``, after which every start is admitted here.  Each
+    budget has one entry on the forget schedule (``_bucket_heap``), pushed
+    again when a later report moved its reset further: the tables hold only
+    budgets whose reset has not passed.
     """
 
     cdef cython.pymutex _lock
@@ -973,12 +1146,22 @@ cdef class _Limiter:
     cdef dict _expiry                 # per -> deque of _Window, by last start
     cdef long long _paced
     cdef long long _parked
+    cdef bint _learned                # a report arrived: budgets may exist
+    cdef dict _chat_buckets           # chat key -> _Bucket (scope="chat")
+    cdef dict _shared                 # bucket string -> _Bucket
+    cdef dict _links                  # chat key -> the shared _Bucket it last reported
+    cdef _Bucket _gbucket             # the _Bucket of scope="global", or None
+    cdef list _bucket_heap            # heap of (time, seq, _Bucket): when to forget
 
     def __cinit__(self):
         self._wakeups = []
         self._line = deque()
         self._windows = {}
         self._expiry = {}
+        self._chat_buckets = {}
+        self._shared = {}
+        self._links = {}
+        self._bucket_heap = []
 
     cdef int _configure(self, DispatcherCore core, object pacing) except -1:
         self._core = <PyObject *>core
@@ -1053,6 +1236,7 @@ cdef class _Limiter:
         _REFETCH (its window was forgotten meanwhile: fetch it again).
         """
         cdef _Window glob
+        cdef _Bucket own = None, shared = None, gb = None
         cdef double now, until, t
         cdef int reserved = 0
         with self._lock:
@@ -1076,6 +1260,29 @@ cdef class _Limiter:
                     until = t
                     if t > now:
                         q._waited = True
+            if self._learned:
+                # The learned budgets that cover the chat: its own, the
+                # shared bucket it last reported, the global one.
+                if self._chat_buckets or self._links:
+                    if q._lkey is None:
+                        q._lkey = _learned_key(q)
+                    if self._chat_buckets:
+                        own = self._chat_buckets.get(q._lkey)
+                    if self._links:
+                        shared = self._links.get(q._lkey)
+                gb = self._gbucket
+                if own is not None and own.spent(now):
+                    q._waited = True
+                    if own.reset > until:
+                        until = own.reset
+                if shared is not None and shared.spent(now):
+                    q._waited = True
+                    if shared.reset > until:
+                        until = shared.reset
+                if gb is not None and gb.spent(now):
+                    q._waited = True
+                    if gb.reset > until:
+                        until = gb.reset
             if until > now:
                 if q._granted:
                     # Hand the granted start back to the line.
@@ -1103,6 +1310,19 @@ cdef class _Limiter:
             if window is not None and window.count:
                 window._pending += 1
                 reserved |= _CHAT
+            if self._learned:
+                if own is not None and own.reset > now:
+                    own.pending += 1
+                    q._lres_chat = own
+                    reserved |= _LEARNED
+                if shared is not None and shared.reset > now:
+                    shared.pending += 1
+                    q._lres_shared = shared
+                    reserved |= _LEARNED
+                if gb is not None and gb.reset > now:
+                    gb.pending += 1
+                    q._lres_glob = gb
+                    reserved |= _LEARNED
             q._reserved = reserved
             q._stamped = None
             if q._waited:
@@ -1122,6 +1342,8 @@ cdef class _Limiter:
             t = monotonic()
             reserved = q._reserved
             q._reserved = 0
+            if reserved & _LEARNED:
+                self._take_learned_locked(q, True)
             if self._closed:
                 return t  # force_close() dropped every window
             if reserved & _CHAT:
@@ -1135,6 +1357,30 @@ cdef class _Limiter:
                 self._line_changed_locked()
         return t
 
+    cdef inline int _take_learned_locked(self, ChatQueue q, bint spend) except -1:
+        # The learned budgets holding a place for q's start: the start is
+        # made (``spend``: one of each budget goes) or given back.
+        cdef _Bucket b
+        b = q._lres_chat
+        if b is not None:
+            q._lres_chat = None
+            b.pending -= 1
+            if spend:
+                b.remaining -= 1
+        b = q._lres_shared
+        if b is not None:
+            q._lres_shared = None
+            b.pending -= 1
+            if spend:
+                b.remaining -= 1
+        b = q._lres_glob
+        if b is not None:
+            q._lres_glob = None
+            b.pending -= 1
+            if spend:
+                b.remaining -= 1
+        return 0
+
     cdef int release(self, ChatQueue q) except -1:
         """The start ``admit`` reserved will not be made (the task was
         cancelled, or the dispatcher force-closed, before its call)."""
@@ -1143,6 +1389,8 @@ cdef class _Limiter:
         with self._lock:
             reserved = q._reserved
             q._reserved = 0
+            if reserved & _LEARNED:
+                self._take_learned_locked(q, False)
             if self._closed:
                 return 0
             if reserved & _CHAT:
@@ -1176,6 +1424,111 @@ cdef class _Limiter:
             self._need_timer(window.last() + window.per)
         expiry.append(window)
         window.entries += 1
+        return 0
+
+    # -- budgets the platform announced ---------------------------------------
+
+    cdef int learn(self, ChatQueue q, long long remaining, double reset_after,
+                   object bucket, bint is_global) except -1:
+        """A task of ``q`` reported a budget (values checked by the caller).
+
+        O(1): one lock, at most three dict operations; a bucket seen for
+        the first time also gets its entry on the forget schedule.
+        """
+        cdef _Bucket b, old
+        cdef double now, reset
+        cdef object key
+        with self._lock:
+            if self._closed:
+                return 0
+            # Under the lock: a task may report from any thread, even after
+            # its end, while the chat's owner admits its next start.
+            key = q._lkey
+            if key is None:
+                key = q._lkey = _learned_key(q)
+            if not self._learned:
+                self._learned = True
+                # From now on every start asks the limiter (a dispatcher
+                # that never learns a limit never pays for it).
+                (<DispatcherCore>self._core)._limited = True
+            now = monotonic()
+            reset = now + reset_after
+            if bucket is not None:
+                b = self._shared.get(bucket)
+                if b is None:
+                    b = _Bucket(_B_SHARED, bucket)
+                    self._shared[bucket] = b
+                elif b.reset <= now:
+                    # Its reset passed (the timer has not forgotten it yet):
+                    # the chats that reported it before are no longer in it.
+                    self._unlink_members_locked(b)
+                old = self._links.get(key)
+                if old is not b:
+                    if old is not None:
+                        old.members.discard(key)
+                    self._links[key] = b
+                    b.members.add(key)
+            elif is_global:
+                b = self._gbucket
+                if b is None:
+                    b = self._gbucket = _Bucket(_B_GLOBAL, None)
+            else:
+                b = self._chat_buckets.get(key)
+                if b is None:
+                    b = _Bucket(_B_CHAT, key)
+                    self._chat_buckets[key] = b
+            b.remaining = remaining
+            b.reset = reset
+            if not b.in_heap:
+                self._forget_at_locked(b, reset)
+        return 0
+
+    cdef int _forget_at_locked(self, _Bucket b, double when) except -1:
+        # The bucket's one entry on the forget schedule; the timer is told
+        # when it becomes the earliest.
+        b.in_heap = True
+        self._seq += 1
+        entry = (when, self._seq, b)
+        _heappush(self._bucket_heap, entry)
+        if self._bucket_heap[0] is entry:
+            self._need_timer(when)
+        return 0
+
+    cdef int _unlink_members_locked(self, _Bucket b) except -1:
+        # The chats that reported shared bucket ``b`` leave it.
+        cdef dict links = self._links
+        for key in b.members:
+            if links.get(key) is b:
+                del links[key]
+        b.members = set()
+        if not links:
+            links.clear()
+        return 0
+
+    cdef int _forget_bucket_locked(self, _Bucket b) except -1:
+        # Its reset passed: the budget no longer applies and goes, with the
+        # links of the chats that reported it.  Chat keys' __eq__ cannot
+        # raise (see _ChatKey); the timer goes on whatever happens.
+        cdef dict table = None
+        b.dead = True
+        try:
+            if b.kind == _B_CHAT:
+                table = self._chat_buckets
+                if table.get(b.key) is b:
+                    del table[b.key]
+            elif b.kind == _B_SHARED:
+                table = self._shared
+                if table.get(b.key) is b:
+                    del table[b.key]
+                self._unlink_members_locked(b)
+            elif self._gbucket is b:
+                self._gbucket = None
+            if table is not None and not table:
+                # A dict keeps its largest table after deletions: give back
+                # the memory of a burst of chats.
+                table.clear()
+        except BaseException:
+            logger.exception("could not forget a learned rate limit")
         return 0
 
     cdef int retry_at(self, ChatQueue q, double until, bint is_global,
@@ -1229,6 +1582,8 @@ cdef class _Limiter:
         cdef _Window glob = self._glob
         cdef list wakeups = self._wakeups
         cdef list emptied = None
+        cdef list heap
+        cdef _Bucket b
         with self._lock:
             while wakeups:
                 if <double>wakeups[0][0] > now:
@@ -1274,6 +1629,18 @@ cdef class _Limiter:
             if emptied is not None:
                 for per_key in emptied:
                     del self._expiry[per_key]
+            heap = self._bucket_heap
+            while heap:
+                stamp = heap[0][0]
+                if stamp > now:
+                    until = min(until, stamp)
+                    break
+                b = <_Bucket>(_heappop(heap)[2])
+                b.in_heap = False
+                if b.reset > now:
+                    self._forget_at_locked(b, b.reset)  # a later report moved it
+                else:
+                    self._forget_bucket_locked(b)
         return until
 
     cdef int _forget_window_locked(self, _Window window) except -1:
@@ -1312,6 +1679,11 @@ cdef class _Limiter:
                 window.dead = True
             self._windows.clear()
             self._expiry.clear()
+            self._chat_buckets.clear()
+            self._shared.clear()
+            self._links.clear()
+            self._gbucket = None
+            self._bucket_heap = []
         return parked
 
     cdef tuple counters(self):
@@ -1325,7 +1697,10 @@ cdef class _Limiter:
                     "expiry_lists": len(self._expiry),
                     "wakeups": len(self._wakeups), "line": len(self._line),
                     "granted": self._granted, "parked": self._parked,
-                    "pending": self._glob._pending if self._glob is not None else 0}
+                    "pending": self._glob._pending if self._glob is not None else 0,
+                    "buckets": (len(self._chat_buckets) + len(self._shared)
+                                + (self._gbucket is not None)),
+                    "links": len(self._links), "bucket_heap": len(self._bucket_heap)}
 
 
 cdef class DispatcherCore:
@@ -1350,6 +1725,8 @@ cdef class DispatcherCore:
     cdef int _max_attempts
     cdef double _max_retry_after
     cdef _Limiter _limiter            # pacing (its own lock; see the class)
+    cdef object __weakref__
+    cdef object _ref                  # a weak reference to itself, for its chat queues
     cdef bint _limited                # every start asks the limiter
     # worker pool; all guarded by _pool_lock
     cdef cython.pymutex _pool_lock
@@ -1403,6 +1780,7 @@ cdef class DispatcherCore:
         self._timer_next = _INF
         self._limiter = _Limiter()
         self._limiter._configure(self, None)
+        self._ref = _weakref(self)
         self._retry_on = ()
         self._slot_waiters = deque()
         self._handoffs = {}
@@ -1434,7 +1812,8 @@ cdef class DispatcherCore:
             self._max_retry_after = 0.0
         self._limiter._configure(self, pacing)
         # Whether every start must ask the limiter (else only a chat with a
-        # pending retry delay or during a global pause does).
+        # pending retry delay or during a global pause does).  Set for good
+        # by the first report_limit (_Limiter.learn).
         self._limited = self._limiter._configured
 
     # ------------------------------------------------------------------ submit
@@ -1512,6 +1891,7 @@ cdef class DispatcherCore:
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
                 fresh._key = key
+                fresh._core_ref = self._ref
                 with self._map_lock:
                     q = queues.setdefault(key, fresh)
             with q._lock:
@@ -2179,6 +2559,7 @@ cdef class DispatcherCore:
                 self._on_start(item.chat_id)
             except BaseException as exc:
                 self._hook_failed("on_start", exc)
+        item._chatq = q
         if q._reserved:
             item._t_start = self._limiter.commit(q)
         elif self._has_timeout or self._on_done is not None:

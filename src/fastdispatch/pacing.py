@@ -149,6 +149,18 @@ class Pacing:
         return cls(global_limit=global_limit, chat_limit=RateLimit(1, per=1.0),
                    limit_for=_TelegramGroups(RateLimit(20, per=60.0)))
 
+    @classmethod
+    def discord(cls):
+        """Discord's limits: bot-wide 50 requests/s; nothing per channel.
+
+        Discord does not publish its per-route limits ("rate limits should
+        not be hard coded into your app"): it announces each bucket's
+        budget on every answer, which the sender hands to the dispatcher
+        with ``sc.report_limit``; see
+        https://github.com/fastdispatch/fastdispatch/blob/main/docs/pacing.md
+        """
+        return cls(global_limit=RateLimit(50, per=1.0))
+
     def __repr__(self):
         return "Pacing(global_limit=%r, chat_limit=%r, limit_for=%r)" % (
             self.global_limit, self.chat_limit, self.limit_for)

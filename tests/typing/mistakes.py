@@ -15,6 +15,11 @@ def uses_deadline(sc: SendContext) -> float:
     return sc.remaining() + 1.0  # error: remaining() may be None
 
 
+def reports(sc: SendContext) -> None:
+    sc.report_limit(1, 1.0, "route")  # error: bucket is keyword-only
+    sc.report_limit(1, 1.0, scope="everyone")  # error: scope is "chat" or "global"
+
+
 def mistakes() -> None:
     d = OutboundDispatcher(max_inflight="8")  # error: str for an int
     d.sumbit(1, returns_int)  # error: misspelt method

@@ -34,6 +34,8 @@ def returns_int(sc: SendContext) -> int:
     assert_type(sc.cancelled, bool)
     assert_type(sc.wait(0.1), bool)
     sc.check()
+    assert_type(sc.report_limit(4, 0.5, bucket="route", scope="global"), None)
+    sc.report_limit(remaining=0, reset_after=2)
     return 1
 
 
@@ -71,6 +73,7 @@ def main() -> None:
     assert_type(d.shutdown(5), bool)
     d.close()
     d.force_close()
+    assert_type(Pacing.discord(), Pacing)
     with OutboundDispatcher(pacing=Pacing.telegram(broadcast=100)) as d2:
         assert_type(d2, OutboundDispatcher)
     try:
