@@ -1,8 +1,8 @@
 """python-telegram-bot: fastdispatch's DispatcherRateLimiter against PTB's own
 AIORateLimiter, on the same local server and the same workload.
 
-    pip install -e ".[ptb]" 'python-telegram-bot[rate-limiter]'   # aiolimiter, for AIORateLimiter
-    python bench/ptb_rate_limiters.py [--chats 200] [--replies 5] [--speedup 5] [--rounds 2]
+    bash tools/dev.sh test --co -q     # the test extras: PTB, and aiolimiter for AIORateLimiter
+    .venv/bin/python bench/ptb_rate_limiters.py [--chats 200] [--replies 5] [--speedup 5] [--rounds 2]
 
 A ``FakeTelegramServer`` in a process of its own (so that its CPU is not
 taken from the bot's; the bot reads its record through the control
