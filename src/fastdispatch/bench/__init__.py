@@ -48,6 +48,7 @@ SECTIONS = [
     "pacing",         # rate limits and 429s: paced rate, parked chats, scopes
     "metrics",        # fastdispatch.metrics: cost per task with metrics on vs off
     "telegram",       # TelegramSender over HTTP against requests.post; a paced run
+    "discord",        # limits learned from Discord's headers against retry-on-429
 ]
 
 

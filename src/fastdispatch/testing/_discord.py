@@ -319,7 +319,7 @@ class FakeDiscordServer(LocalServer):
         """The ``X-Signature-Ed25519``/``X-Signature-Timestamp`` headers
         Discord would send with ``body`` (signed with this server's test key)."""
         timestamp = str(int(time.time())) if timestamp is None else timestamp
-        signature = self._signing_key.sign(timestamp.encode() + body)
+        signature = self._signing_key.sign(timestamp.encode() + body).signature
         return {"X-Signature-Ed25519": signature.hex(), "X-Signature-Timestamp": timestamp}
 
     def post_interaction(self, url: str, interaction: Any, *,
@@ -573,12 +573,11 @@ def _route(command, parts):
 
 
 def _test_key():
-    """A fresh Ed25519 test key pair: (private key, public key hex)."""
+    """A fresh Ed25519 test key pair: (signing key, public key hex)."""
     try:
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+        from nacl.signing import SigningKey
     except ImportError:  # pragma: no cover - depends on the installation
-        raise ImportError("FakeDiscordServer signs interactions with cryptography: "
+        raise ImportError("FakeDiscordServer signs interactions with PyNaCl: "
                           "pip install 'fastdispatch[discord]'") from None
-    key = Ed25519PrivateKey.generate()
-    return key, key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    key = SigningKey.generate()
+    return key, bytes(key.verify_key).hex()
