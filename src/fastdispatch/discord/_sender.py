@@ -81,6 +81,9 @@ class InvalidRequestBudgetExhausted(PlatformError):
         self.window = window
         self.retry_in = retry_in
 
+    def __str__(self):
+        return "%s: not sent: %s" % (self.method or "API call", self.description)
+
     def __reduce__(self):
         return (type(self), (self.count, self.limit, self.window, self.retry_in, self.method))
 
@@ -188,8 +191,8 @@ def report_headers(sc: Any, headers: Any, resource: str) -> None:
         return
     remaining = _remaining_value(headers.get("X-RateLimit-Remaining"))
     reset_after = seconds_value(headers.get("X-RateLimit-Reset-After"), None)
-    if remaining is None or reset_after is None:
-        return
+    if remaining is None or reset_after is None or reset_after >= MAX_RETRY_AFTER:
+        return  # absent, garbled, or a reset a day away or more: not a bucket's
     if headers.get("X-RateLimit-Scope") == "global":
         report(remaining, reset_after, scope="global")
         return
