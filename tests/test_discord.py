@@ -114,6 +114,10 @@ def test_5xx_is_a_connection_error_and_4xx_a_platform_error(server, sender):
         sender.send(_SC(), _request(7, "x"))
     assert info.value.status == 403 and info.value.parameters == {"code": 50001}
     assert "Missing Access" in str(info.value)
+    sc = _SC()
+    with pytest.raises(PlatformError):
+        sender.send(sc, _request(7, "x"))  # an error answer announces its bucket too
+    assert sc.reports and sc.reports[0][2].endswith(":7")
 
 
 def test_delete_and_typing(server, sender):
@@ -184,7 +188,8 @@ def test_invalid_request_budget_is_never_crossed(make_dispatcher, server):
 
 
 def test_the_fake_bans_past_its_invalid_request_limit():
-    with FakeDiscordServer(TOKEN, invalid_request_limit=5, ban_seconds=30) as server:
+    with FakeDiscordServer(TOKEN, invalid_request_limit=5, ban_seconds=30,
+                           channel_limit=None) as server:
         server.set_channel_status(1, 403)
         with DiscordSender(TOKEN, base_url=server.api_url, invalid_request_limit=1000,
                            invalid_request_margin=0) as s:

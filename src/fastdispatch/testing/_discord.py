@@ -521,9 +521,10 @@ class FakeDiscordServer(LocalServer):
     def _route_create_message(self, request, parts):
         channel = parts[1]
         now = time.monotonic()
-        self._channel(channel)
         headers = self._take(_MESSAGES_ROUTE, channel, self.channel_limit, True)
-        content = self._content(request)
+        with _announcing(headers):
+            self._channel(channel)
+            content = self._content(request)
         return 200, self._message(channel, content, "message", now), headers
 
     def _route_followup(self, request, parts):
@@ -534,27 +535,46 @@ class FakeDiscordServer(LocalServer):
         if app != self.application_id or channel is None:
             raise _error(404, "Unknown Webhook")
         headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
-        content = self._content(request)
+        with _announcing(headers):
+            content = self._content(request)
         return 200, self._message(channel, content, "followup", now), headers
 
     def _route_delete_message(self, request, parts):
         channel, message_id = parts[1], parts[3]
-        self._channel(channel)
         headers = self._take(_route_hash("DELETE message"), channel, self.channel_limit, True)
-        with self._lock:
-            if message_id not in self._stored.get(channel, ()):
-                raise _error(404, "Unknown Message")
-            self._stored[channel].discard(message_id)
-            self._deleted.append((channel, message_id))
+        with _announcing(headers):
+            self._channel(channel)
+            with self._lock:
+                if message_id not in self._stored.get(channel, ()):
+                    raise _error(404, "Unknown Message")
+                self._stored[channel].discard(message_id)
+                self._deleted.append((channel, message_id))
         return 204, None, headers
 
     def _route_typing(self, request, parts):
         channel = parts[1]
-        self._channel(channel)
         headers = self._take(_route_hash("POST typing"), channel, self.channel_limit, True)
+        with _announcing(headers):
+            self._channel(channel)
         with self._lock:
             self._typing.append((channel, time.monotonic()))
         return 204, None, headers
+
+
+class _announcing:
+    """``with _announcing(headers):`` an error answer raised inside carries
+    the bucket's headers too (Discord announces them on every answer)."""
+
+    def __init__(self, headers):
+        self.headers = headers
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, _Reply):
+            exc.headers = list(self.headers) + exc.headers
+        return False
 
 
 def _route(command, parts):
