@@ -23,6 +23,10 @@ divided by the least time the limits allow (a fixed window of ``count``
 per ``per`` lets ``n`` requests finish no sooner than ``((n - 1) // count)
 * per``; the larger of the channel's and the global bound).
 
+It also times a task that reports a limit against one that does not,
+through a dispatcher without HTTP (the cost of learned limits per task; the
+instruction counts are in docs/performance.md).
+
 ``python -m fastdispatch bench --section discord`` runs it;
 ``bench/discord_learned.py`` prints the same table from the repository.
 """
@@ -35,7 +39,7 @@ SPEEDUP = 10.0
 TOKEN = "MTEwMDAwMDAwMDAwMDAwMDAwMQ.bench.token"
 
 TITLE = "Discord: learned limits against retry-on-429 (FakeDiscordServer, limits / %g)" % SPEEDUP
-HEADER = ("measure", "fastdispatch", "naive", "", "target", "")
+HEADER = ("measure", "fastdispatch", "naive", "ratio", "target", "")
 # Seconds on two cores (full, quick), measured at a load average of 11: three
 # runs of 4-5 s and the naive one in bursts, 39 s; quick: round-robin only.
 ESTIMATE = ((45, 90), (9, 20))
@@ -134,6 +138,37 @@ def run_naive(messages=MESSAGES, channels=CHANNELS, bursts=False):
                 "sent": stats.get("sent", 0)}
 
 
+def report_cost(tasks=20000, chats=1000, rounds=3):
+    """Microseconds per task through a dispatcher (no HTTP): tasks that do
+    nothing, and tasks that report a learned limit (a budget far from
+    spent, as most answers announce), alternating rounds, medians."""
+    import statistics
+
+    from .. import OutboundDispatcher
+
+    def plain(sc):
+        return None
+
+    def reporting(sc):
+        sc.report_limit(1000000, 60.0)
+
+    def one(task):
+        d = OutboundDispatcher(max_inflight=8)
+        start = time.perf_counter()
+        futures = [d.submit(i % chats, task) for i in range(tasks)]
+        for f in futures:
+            f.result(timeout=120)
+        elapsed = time.perf_counter() - start
+        d.shutdown(timeout=10)
+        return elapsed / tasks * 1e6
+
+    times = {"plain": [], "reporting": []}
+    for _ in range(rounds):
+        times["plain"].append(one(plain))
+        times["reporting"].append(one(reporting))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def measure(progress=None, quick=False):
     limits = _limits()
     ch, gl = limits["channel_limit"], limits["global_limit"]
@@ -146,6 +181,9 @@ def measure(progress=None, quick=False):
             if progress:
                 progress("discord: %s, %s, %d messages" % (name, plan, MESSAGES))
             figures[name, plan] = run_one(bursts=bursts)
+    if progress:
+        progress("discord: the cost of a report per task (no HTTP)")
+    figures["cost"] = report_cost(rounds=1 if quick else 3)
     return figures
 
 
@@ -183,6 +221,11 @@ def rows(f):
         if fd["failed"] or naive["failed"]:
             out.append(("%s: sends that failed (should be 0)" % plan, "%d" % fd["failed"],
                         "%d" % naive["failed"], "", "", "MISSED"))
+    cost = f.get("cost")
+    if cost:
+        out.append(("time per task: reporting a limit / not (no HTTP)",
+                    "%.1f us" % cost["reporting"], "%.1f us" % cost["plain"],
+                    "%.2f" % (cost["reporting"] / cost["plain"]), "", "(info)"))
     return out
 
 
