@@ -410,3 +410,16 @@ def test_fake_server_arguments():
     with pytest.raises(ValueError, match="speedup"):
         discord_limits(0)
     assert RateLimit(5, per=0.25) == LIMITS["channel_limit"]
+
+
+def test_the_example_bot_runs_against_the_fake():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "discord_echo_bot.py"
+    env = {k: v for k, v in os.environ.items() if k != "DISCORD_BOT_TOKEN"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "every reply arrived, in order" in proc.stdout
