@@ -228,16 +228,21 @@ def _wait_for(predicate, timeout=10.0):
         time.sleep(0.01)
 
 
-def test_echo_bot_over_interactions(server, echo_bot):
+def test_echo_bot_over_interactions(server, echo_bot, caplog):
+    caplog.set_level(logging.DEBUG)
     app, url = echo_bot
+    tokens = []
     assert server.post_interaction(url, server.make_interaction("77", "x",
                                                                 interaction_type=1)) == (
         200, {"type": 1})
     for i in range(5):
-        status, answer = server.post_interaction(
-            url, server.make_interaction("77", "echo", text="hi %d" % i))
+        interaction = server.make_interaction("77", "echo", text="hi %d" % i)
+        tokens.append(interaction["token"])
+        status, answer = server.post_interaction(url, interaction)
         assert (status, answer) == (200, {"type": 5})  # deferred: acknowledged at once
     _wait_for(lambda: len(server.messages("77")) == 5)
+    # the follow-up URLs hold the interaction tokens: urllib3's debug log does not
+    assert "/webhooks/" in caplog.text and not any(t in caplog.text for t in tokens)
     assert [(m.content, m.kind) for m in server.messages("77")] == [
         ("echo: /echo hi %d" % i, "followup") for i in range(5)]
     assert app.stats["handled"] == 5 and app.stats["pings"] == 1
