@@ -428,3 +428,31 @@ def test_the_example_bot_runs_against_the_fake():
                           timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every reply arrived, in order" in proc.stdout
+
+
+def test_command_line_fake_discord_is_controllable_over_http():
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+    proc = subprocess.Popen([sys.executable, "-m", "fastdispatch.testing", "--discord",
+                             "--chat-limit", "2/60"], stdout=subprocess.PIPE, text=True)
+    try:
+        api, control = proc.stdout.readline().strip(), proc.stdout.readline().strip()
+        assert api.endswith("/api/v10") and control.endswith("/control")
+
+        def call(action, **kwargs):
+            req = urllib.request.Request(control + "/" + action, data=json.dumps(
+                kwargs).encode(), method="POST")
+            with urllib.request.urlopen(req, timeout=10) as answer:
+                return json.loads(answer.read())["result"]
+        assert len(call("public_key")) == 64
+        with DiscordSender(TOKEN, base_url=api) as s:
+            sc = _SC()
+            s.send(sc, _request(12, "one"))
+            assert sc.reports[0][0] == 1  # the bucket from the command line: 2 per 60 s
+        assert [m["content"] for m in call("messages", chat_id="12")] == ["one"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert json.loads(out.strip().splitlines()[-1])["sent"] == 1

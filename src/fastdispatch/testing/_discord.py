@@ -156,7 +156,8 @@ class FakeDiscordServer(LocalServer):
     thread_name = "fake-discord"
     default_fault_method = "create_message"
     control_actions = LocalServer.control_actions + (
-        "set_channel_status", "deleted", "typing", "invalid_requests", "banned")
+        "set_channel_status", "deleted", "typing", "invalid_requests", "banned",
+        "public_key", "make_interaction", "post_interaction")
 
     def __init__(self, token: Optional[str] = None, *,
                  channel_limit: Any = RateLimit(5, per=5.0),
