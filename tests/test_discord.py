@@ -403,6 +403,10 @@ def test_bad_app_arguments_name_the_argument(server, sender):
             interactions_app(engine, sender, public_key=server.public_key, max_age=0)
         with pytest.raises(ValueError, match="channel id"):
             sender.send(_SC(), _request("../x", "y"))
+        with pytest.raises(ValueError, match="interaction_token"):
+            sender.send_followup(_SC(), "1", "../../channels/1/messages", "y")
+        with pytest.raises(ValueError, match="application_id"):
+            sender.send_followup(_SC(), "x", "token", "y")
     finally:
         engine.shutdown()
 

@@ -369,6 +369,10 @@ class DiscordSender:
         if remaining is not None and remaining <= 0:
             sc.check()
         app = _snowflake("application_id", application_id)
+        if not isinstance(interaction_token, str) or not interaction_token or \
+                not interaction_token.isascii() or not interaction_token.isprintable() or \
+                any(c in interaction_token for c in "/?#% "):
+            raise ValueError("interaction_token is not an interaction token")
         result = self.request("POST", "/webhooks/%s/%s" % (app, interaction_token),
                               json={"content": text}, sc=sc,
                               resource="%s/%s" % (app, _digest(interaction_token)),
