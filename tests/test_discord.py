@@ -460,3 +460,23 @@ def test_command_line_fake_discord_is_controllable_over_http():
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)
     assert json.loads(out.strip().splitlines()[-1])["sent"] == 1
+
+
+def test_an_engine_that_raises_never_reaches_the_server(server, sender, caplog):
+    class Broken:
+        def process_event(self, event, sender, capabilities=None):
+            raise RuntimeError("engine bug")
+
+    app = interactions_app(Broken(), sender, public_key=server.public_key)
+    httpd = make_server("127.0.0.1", 0, app, server_class=_Threaded, handler_class=_Quiet)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/" % httpd.server_port
+        for _ in range(2):  # and the server goes on answering
+            assert server.post_interaction(url, server.make_interaction("81", "x")) == (
+                200, {"type": 5})
+        _wait_for(lambda: caplog.text.count("engine bug") >= 2)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
