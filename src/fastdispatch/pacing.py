@@ -156,8 +156,8 @@ class Pacing:
         Discord does not publish its per-route limits ("rate limits should
         not be hard coded into your app"): it announces each bucket's
         budget on every answer, which the sender hands to the dispatcher
-        with ``sc.report_limit``; see
-        https://github.com/fastdispatch/fastdispatch/blob/main/docs/pacing.md
+        with ``sc.report_limit`` (see
+        https://github.com/fastdispatch/fastdispatch/blob/main/docs/pacing.md).
         """
         return cls(global_limit=RateLimit(50, per=1.0))
 

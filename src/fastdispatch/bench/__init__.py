@@ -49,6 +49,7 @@ SECTIONS = [
     "metrics",        # fastdispatch.metrics: cost per task with metrics on vs off
     "telegram",       # TelegramSender over HTTP against requests.post; a paced run
     "asyncio",        # coroutine tasks: threads held by 1,000 sends in flight, CPU per task
+    "discord",        # limits learned from Discord's headers against retry-on-429
 ]
 
 

@@ -1,5 +1,6 @@
 """``python -m fastdispatch.testing``: a local Bot API server from the command
-line, controllable over HTTP, for a bot in another process or language.
+line, controllable over HTTP, for a bot in another process or language
+(``--discord``: a local Discord REST API instead, a FakeDiscordServer).
 
 It prints its base URL on the first line and its control URL on the second,
 serves until SIGTERM or Ctrl-C, then prints its counters as one line of
@@ -9,6 +10,10 @@ object of keyword arguments) offers what the Python API does::
     curl -s -X POST http://127.0.0.1:PORT/control/push_message \\
          -d '{"chat_id": 42, "text": "/start"}'
     curl -s -X POST http://127.0.0.1:PORT/control/messages -d '{"chat_id": 42}'
+
+With ``--discord`` the first line is the API's base URL (``.../api/v10``)
+and the actions are FakeDiscordServer's (``public_key``,
+``make_interaction``, ``post_interaction``, ``set_channel_status``, ...).
 """
 
 import argparse
@@ -18,6 +23,7 @@ import sys
 import threading
 
 from ..pacing import RateLimit
+from ._discord import FakeDiscordServer
 from ._telegram import FakeTelegramServer
 
 
@@ -57,16 +63,31 @@ def main(argv=None):
                         help="seconds shaved off every limit window, for jitter (default: 0)")
     parser.add_argument("--no-control", action="store_true",
                         help="do not serve the /control endpoint")
+    parser.add_argument("--discord", action="store_true",
+                        help="serve a FakeDiscordServer instead: --chat-limit is each "
+                             "channel's bucket (default 5/5), --global-limit the bot's "
+                             "(default 50/1); --group-limit, --exact-retry-after and "
+                             "--tolerance do not apply (actions: %s)"
+                             % ", ".join(FakeDiscordServer.control_actions))
     args = parser.parse_args(argv)
-    server = FakeTelegramServer(args.token, chat_limit=args.chat_limit,
-                                group_limit=args.group_limit, global_limit=args.global_limit,
-                                exact_retry_after=args.exact_retry_after,
-                                latency=args.latency_ms / 1000.0, port=args.port,
-                                tolerance=args.tolerance, control=not args.no_control)
+    if args.discord:
+        return _serve(FakeDiscordServer(
+            args.token, channel_limit=args.chat_limit or RateLimit(5, per=5.0),
+            global_limit=args.global_limit or RateLimit(50, per=1.0),
+            latency=args.latency_ms / 1000.0, port=args.port, control=not args.no_control),
+            "api_url")
+    return _serve(FakeTelegramServer(
+        args.token, chat_limit=args.chat_limit, group_limit=args.group_limit,
+        global_limit=args.global_limit, exact_retry_after=args.exact_retry_after,
+        latency=args.latency_ms / 1000.0, port=args.port, tolerance=args.tolerance,
+        control=not args.no_control), "base_url")
+
+
+def _serve(server, url_attribute):
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     with server:
-        sys.stdout.write(server.base_url + "\n")
+        sys.stdout.write(getattr(server, url_attribute) + "\n")
         sys.stdout.write((server.control_url if server.control else "control: off") + "\n")
         sys.stdout.flush()
         try:

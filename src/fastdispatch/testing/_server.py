@@ -1,9 +1,9 @@
 """The threaded local HTTP server every fake platform server is built on.
 
-:class:`LocalServer` is what ``FakeTelegramServer`` (``_telegram.py``) is
-made of, and what a fake of another platform (a ``FakeDiscordServer``) is
-meant to be made of: everything here is about HTTP and tests, nothing about
-a platform.
+:class:`LocalServer` is what ``FakeTelegramServer`` (``_telegram.py``) and
+``FakeDiscordServer`` (``_discord.py``) are made of, and what a fake of
+another platform is meant to be made of: everything here is about HTTP and
+tests, nothing about a platform.
 
 - **HTTP/1.1, keep-alive, one thread per connection** (the standard
   library's ``ThreadingHTTPServer``), on 127.0.0.1 and a port the OS picks;
