@@ -437,6 +437,33 @@ def test_sigterm_lets_the_send_in_flight_finish_and_exits_0(tmp_path):
         producer.close()
 
 
+def test_a_paused_worker_does_not_send_what_another_worker_took_over(tmp_path):
+    # Worker A holds chat-p's second message, waiting for the chat limit
+    # (1 per 3 s), and is SIGSTOPped for 3 x ack_wait: the server gives the
+    # message to B, which sends it and the next ones.  A, resumed, must not
+    # send its stale copy (a duplicate, and out of order).
+    with make_cluster(tmp_path, global_limit=None, chat_limit="1/3") as cluster:
+        producer = ClusterProducer(nats_url=cluster.nats.url, stream=STREAM, ack_wait=2)
+        a = cluster.spawn_worker()
+        assert wait_for(lambda: "worker " in cluster.worker_log(a), 60, 0.1)
+        expected = publish_round_robin(producer, 1, 4, first_chat=0)
+        assert wait_for_count(lambda: count_lines(cluster.record), 1)
+        time.sleep(0.5)                       # A waits for message 1's start
+        a.send_signal(signal.SIGSTOP)
+        b = cluster.spawn_worker()
+        try:
+            assert wait_for_count(lambda: count_lines(cluster.record), 3)
+        finally:
+            a.send_signal(signal.SIGCONT)
+        assert wait_for_count(lambda: count_lines(cluster.record), 4)
+        time.sleep(4.0)                       # time for a stale copy to go out
+        stop_all(cluster, [a, b])
+        producer.close()
+        records = read_file_records(cluster.record)
+        assert_clean(verify(records, expected), duplicates_allowed=False)
+        assert "sends fenced 1" in cluster.worker_log(a), cluster.worker_log(a)
+
+
 def test_sigterm_while_the_worker_is_still_starting_exits_0(tmp_path):
     # The signal comes while the sender is being loaded (before the worker
     # exists, before it connects): it is kept, and the worker stops as soon

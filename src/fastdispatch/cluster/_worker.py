@@ -77,6 +77,10 @@ class _RedisDown(Exception):
     """Raised by a send task when Redis cannot be asked for a start: hand back, wait."""
 
 
+class _ClaimLost(Exception):
+    """Raised by a send task instead of sending: the message may be another worker's now."""
+
+
 class _Throttled(Exception):
     """The shared limiter's earliest start is further away than the task may wait."""
 
@@ -86,12 +90,17 @@ class _Throttled(Exception):
 
 
 class _Claim:
-    """A message being processed, and when the server last heard it is (``at``, monotonic)."""
+    """A message being processed, and when the server last heard it is (``at``, monotonic).
 
-    __slots__ = ("msg", "at")
+    ``lost``: once the server went longer than the fence allows without
+    hearing it (a loop held up, a paused process), the message may be
+    another worker's: this worker must not send it, whatever it says later.
+    """
+
+    __slots__ = ("msg", "at", "lost")
 
     def __init__(self, msg):
-        self.msg, self.at = msg, time.monotonic()
+        self.msg, self.at, self.lost = msg, time.monotonic(), False
 
 
 class _Backoff:
@@ -112,18 +121,19 @@ class WorkerStats:
     """Counters of one worker (read them after ``wait()``; updated on the loop thread)."""
 
     __slots__ = ("sent", "skipped", "dead", "handed_back", "redelivered", "late_answers",
-                 "topology_recreated")
+                 "topology_recreated", "fenced")
 
     def __init__(self):
         self.sent = self.skipped = self.dead = self.handed_back = self.redelivered = 0
         self.late_answers = 0   # starts given back because the limiter's answers were late
         self.topology_recreated = 0   # times the stream or consumers were found gone
+        self.fenced = 0         # sends not made: the claim on the message had gone stale
 
     def __repr__(self):
         return ("sent %d, skipped as already sent %d, dead-lettered %d, handed back %d, "
-                "redeliveries seen %d, starts given back on late answers %d"
+                "redeliveries seen %d, starts given back on late answers %d, sends fenced %d"
                 % (self.sent, self.skipped, self.dead, self.handed_back, self.redelivered,
-                   self.late_answers))
+                   self.late_answers, self.fenced))
 
 
 def _text(value):
@@ -198,6 +208,7 @@ class ClusterWorker:
         self._fetch_failed = None   # asyncio.Event: a fetch failed, check the topology
         self._stream_created = None  # the stream's creation time when this worker bound it
         self._progress_every = self._ack_wait / 3.0
+        self._fence_after = self._ack_wait / 2.0   # see _send_task
         self._warned = {}           # what -> monotonic time of the last warning
 
     # -- public control -------------------------------------------------
@@ -416,6 +427,7 @@ class ClusterWorker:
         info = await subs[0].consumer_info()
         ack_wait = info.config.ack_wait or self._ack_wait
         self._progress_every = max(0.05, ack_wait / 3.0)
+        self._fence_after = ack_wait / 2.0
         if self._send_timeout is not None and self._send_timeout >= ack_wait:
             log.info("send_timeout %.1f s >= ack_wait %.1f s: long sends stay claimed by "
                      "'in progress' acks every %.1f s", self._send_timeout, ack_wait,
@@ -547,7 +559,10 @@ class ClusterWorker:
                 if done:
                     return fut.result()
                 continue
-            claim.at = time.monotonic()
+            now = time.monotonic()
+            if now - claim.at > self._fence_after:
+                claim.lost = True    # too late to tell the server: see _send_task
+            claim.at = now
             try:
                 await claim.msg.in_progress()
             except Exception as exc:
@@ -593,7 +608,7 @@ class ClusterWorker:
             self.stats.skipped += 1
             await self._ack(msg)
             return
-        task = functools.partial(self._send_task, chat, msg.data, key)
+        task = functools.partial(self._send_task, chat, msg.data, key, claim)
         backoff = _Backoff()
         while True:
             try:
@@ -603,6 +618,16 @@ class ClusterWorker:
                 return
             try:
                 recorded = await self._with_progress(claim, asyncio.wrap_future(fut))
+            except _ClaimLost:
+                # Not sent: the server may have given the message to another
+                # worker already; if not, it goes to one at once.
+                self.stats.fenced += 1
+                self._warn("fenced", "a send was not made: this worker had not told the "
+                           "server for %.1f s that it still holds the message (its loop "
+                           "was held up: an overloaded process?); handed back",
+                           self._fence_after)
+                await self._hand_back(msg)
+                return
             except _RedisDown as exc:
                 delay = backoff.delay()
                 self._warn("redis", "cannot reach Redis at %s (%s); retrying in %.1f s",
@@ -700,10 +725,15 @@ class ClusterWorker:
 
     # -- in a dispatcher worker thread ------------------------------------
 
-    def _send_task(self, chat, payload, key, sc):
+    def _send_task(self, chat, payload, key, claim, sc):
         """Reserve a start in the shared limiter, wait for it, send, record the key.
 
-        Returns True when the key was recorded in Redis.
+        Returns True when the key was recorded in Redis.  Right before the
+        send, the fence: if the loop has not told the server for half of
+        ack_wait that this worker still holds the message (``claim.at``),
+        the server may give it to another worker, which would then send it
+        too (a duplicate, and the chat's next message before a late copy):
+        raises ``_ClaimLost`` instead of sending.
         """
         limiter = self._limiter
         if limiter.active:
@@ -716,6 +746,8 @@ class ClusterWorker:
                 raise _RedisDown("%s" % (exc or type(exc).__name__,)) from None
             if wait is not None:
                 raise _Throttled(wait)
+        if claim.lost or time.monotonic() - claim.at > self._fence_after:
+            raise _ClaimLost()
         self._sender(sc, chat, payload, key)
         try:
             self._redis.set(self._done_prefix + key, b"1", ex=self._key_ttl)
