@@ -107,6 +107,12 @@ def distinct_sent(records):
 
 
 def stop_all(cluster, workers):
+    # SIGTERM once each worker is up: a worker still importing Python
+    # (seconds on an overloaded machine) cannot have its handler yet;
+    # test_sigterm_while_the_worker_is_still_starting_exits_0 covers the
+    # start from the handler on.
+    for w in workers:
+        wait_for(lambda: w.poll() is not None or "worker " in cluster.worker_log(w), 120, 0.1)
     codes = [cluster.terminate(w) for w in workers]
     assert codes == [0] * len(workers), "workers did not exit 0 on SIGTERM: %r\n%s" % (
         codes, "\n".join(cluster.worker_log(w)[-3000:] for w in workers))
