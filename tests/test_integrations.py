@@ -94,7 +94,20 @@ class LoopThread:
 
 # -- one client per library: a bot object with the plug-in installed --------------
 
-class PTBClient:
+class _LoopClient:
+    """What the two asyncio clients share: their bot (``self.bot``) runs on ``self.lt``."""
+
+    def get_me_later(self):
+        return self.lt.submit(self.bot.get_me())
+
+    def get_me(self):
+        return self.get_me_later().result(30)
+
+    def get_updates(self):
+        return self.lt.run(self.bot.get_updates(timeout=0))
+
+
+class PTBClient(_LoopClient):
     name = "ptb"
 
     def __init__(self, server, dispatcher=None, limiter=None):
@@ -122,15 +135,6 @@ class PTBClient:
     def send_later(self, chat, text):
         return self.lt.submit(self.bot.send_message(chat, text))
 
-    def get_me_later(self):
-        return self.lt.submit(self.bot.get_me())
-
-    def get_me(self):
-        return self.get_me_later().result(30)
-
-    def get_updates(self):
-        return self.lt.run(self.bot.get_updates(timeout=0))
-
     def flood_error(self):
         return self.errors.RetryAfter
 
@@ -138,7 +142,7 @@ class PTBClient:
         return self.errors.BadRequest
 
 
-class AiogramClient:
+class AiogramClient(_LoopClient):
     name = "aiogram"
 
     def __init__(self, server, dispatcher):
@@ -167,15 +171,6 @@ class AiogramClient:
 
     def send_later(self, chat, text):
         return self.lt.submit(self.bot.send_message(chat_id=chat, text=text))
-
-    def get_me_later(self):
-        return self.lt.submit(self.bot.get_me())
-
-    def get_me(self):
-        return self.get_me_later().result(30)
-
-    def get_updates(self):
-        return self.lt.run(self.bot.get_updates(timeout=0))
 
     def flood_error(self):
         return self.errors.TelegramRetryAfter

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 from urllib.parse import urlsplit
 
 from ..pacing import RateLimit
-from ._server import LocalServer
+from ._server import LocalServer, as_limit as _as_limit
 
 __all__ = ["FakeDiscordServer", "DiscordMessage", "discord_limits"]
 
@@ -90,15 +90,6 @@ class _Bucket:
             return self.reset_at - now
         self.remaining -= 1
         return 0.0
-
-
-def _as_limit(name, value):
-    if value is None or isinstance(value, RateLimit):
-        return value
-    if isinstance(value, tuple) and len(value) == 2:
-        return RateLimit(value[0], per=value[1])
-    raise TypeError("%s must be a RateLimit, a (count, per) tuple or None, got %r"
-                    % (name, value))
 
 
 def _route_hash(route):

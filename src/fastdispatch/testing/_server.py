@@ -58,8 +58,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 from urllib.parse import parse_qsl
 
+from ..pacing import RateLimit
+
 __all__ = ["LocalServer", "Request", "FaultPlan", "Record", "Upload", "BadParams",
-           "parse_params", "check_latency"]
+           "parse_params", "check_latency", "as_limit"]
 
 _log = logging.getLogger("fastdispatch.testing")
 
@@ -86,6 +88,16 @@ class Request(NamedTuple):
     query: str
     headers: Any  # http.client.HTTPMessage: case-insensitive .get()
     body: bytes
+
+
+def as_limit(name: str, value: Any) -> Any:
+    """A fake server's limit argument: a ``RateLimit``, a ``(count, per)`` tuple, or None."""
+    if value is None or isinstance(value, RateLimit):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        return RateLimit(value[0], per=value[1])
+    raise TypeError("%s must be a RateLimit, a (count, per) tuple or None, got %r"
+                    % (name, value))
 
 
 def parse_params(query: str, content_type: str, body: bytes) -> Dict[str, Any]:

@@ -59,7 +59,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 from urllib.parse import urlsplit
 
 from ..pacing import RateLimit
-from ._server import BadParams, LocalServer, parse_params
+from ._server import BadParams, LocalServer, as_limit as _as_limit, parse_params
 from ._webhooks import WebhookDelivery
 
 __all__ = ["FakeTelegramServer", "SentMessage", "telegram_limits"]
@@ -106,15 +106,6 @@ class _Window:
         if len(times) < self.count:
             return 0.0
         return times[0] + self.per - now
-
-
-def _as_limit(name, value):
-    if value is None or isinstance(value, RateLimit):
-        return value
-    if isinstance(value, tuple) and len(value) == 2:
-        return RateLimit(value[0], per=value[1])
-    raise TypeError("%s must be a RateLimit, a (count, per) tuple or None, got %r"
-                    % (name, value))
 
 
 class _Answer(Exception):
