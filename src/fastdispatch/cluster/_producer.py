@@ -53,6 +53,10 @@ _UNCONFIRMED_MAX = 10_000
 log = logging.getLogger("fastdispatch.cluster")
 
 
+def _retry_key(chat_id, payload):
+    return chat_id, hashlib.sha256(payload).digest()
+
+
 def _check_chat_id(chat_id):
     if chat_id is None or isinstance(chat_id, bool):
         raise TypeError("chat_id must be a str or an int, got %r" % (chat_id,))
@@ -145,10 +149,14 @@ class ClusterProducer:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError("payload must be bytes, got %r" % (type(payload).__name__,))
         payload = bytes(payload)
-        retry_of = (chat_id, hashlib.sha256(payload).digest())
+        # (chat id, payload digest): computed only while a failed publish is
+        # remembered, or when this one fails -- not on every publish.
+        retry_of = None
         if key is None:
-            with self._unconfirmed_lock:
-                key = self._unconfirmed.get(retry_of)
+            if self._unconfirmed:
+                retry_of = _retry_key(chat_id, payload)
+                with self._unconfirmed_lock:
+                    key = self._unconfirmed.get(retry_of)
             key = key or uuid.uuid4().hex
         elif not isinstance(key, str) or not key:
             raise TypeError("key must be a non-empty str or None, got %r" % (key,))
@@ -175,6 +183,7 @@ class ClusterProducer:
             self._loop.run(self._publish(subject, payload, headers),
                            timeout=self._publish_timeout + 1.0)
         except Exception as exc:
+            retry_of = retry_of or _retry_key(chat_id, payload)
             with self._unconfirmed_lock:
                 self._unconfirmed[retry_of] = key
                 self._unconfirmed.move_to_end(retry_of)
@@ -185,8 +194,10 @@ class ClusterProducer:
                 "still be stored; publishing it again (key=None reuses this key, %s) stores "
                 "it once" % (self.nats_url, self._publish_timeout,
                              exc or type(exc).__name__, key), key=key) from exc
-        with self._unconfirmed_lock:
-            self._unconfirmed.pop(retry_of, None)
+        if self._unconfirmed:
+            retry_of = retry_of or _retry_key(chat_id, payload)
+            with self._unconfirmed_lock:
+                self._unconfirmed.pop(retry_of, None)
         return key
 
     async def _publish(self, subject, payload, headers):
