@@ -50,6 +50,7 @@ SECTIONS = [
     "telegram",       # TelegramSender over HTTP against requests.post; a paced run
     "asyncio",        # coroutine tasks: threads held by 1,000 sends in flight, CPU per task
     "discord",        # limits learned from Discord's headers against retry-on-429
+    "freethreading",  # the compiled core on free-threaded CPython against a GIL build
 ]
 
 

@@ -30,6 +30,7 @@ and :class:`CollectorWatch` reports how many collections a round ran and
 how long they took.
 """
 
+import contextlib
 import gc
 import threading
 import time
@@ -446,7 +447,18 @@ class CollectorWatch:
         gc.callbacks.remove(self._callback)
 
 
-def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=None):
+def _involuntary_switches():
+    # The process's involuntary context switches so far (all its threads),
+    # or 0 where getrusage has no such count.
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
+def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=None,
+                switches=None):
     """Run ``scenarios`` (impl -> Scenario) in turns; return impl -> times.
 
     The contenders take turns by blocks of ``block`` rounds, each block
@@ -459,7 +471,9 @@ def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=N
 
     ``collect=True`` runs ``gc.collect()`` after each round's setup (the old
     method, for comparison; see the module's docstring).  ``collector``, a
-    dict, receives impl -> [(collections, seconds in them) per timed round].
+    dict, receives impl -> [(collections, seconds in them) per timed round];
+    ``switches``, a dict, impl -> [involuntary context switches of the
+    process per timed round] (``getrusage``; all zero where it has none).
     """
     times = {impl: [] for impl in scenarios}
     while any(len(ts) < rounds for ts in times.values()):
@@ -469,17 +483,18 @@ def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=N
                 scenario.prepare()
                 if collect:
                     gc.collect()
-                if collector is None:
+                watch = CollectorWatch() if collector is not None else contextlib.nullcontext()
+                with watch:
+                    nivcsw = _involuntary_switches() if switches is not None else 0
                     t0 = time.perf_counter()
                     scenario.run()
                     elapsed = time.perf_counter() - t0
-                else:
-                    with CollectorWatch() as watch:
-                        t0 = time.perf_counter()
-                        scenario.run()
-                        elapsed = time.perf_counter() - t0
+                    if switches is not None:
+                        nivcsw = _involuntary_switches() - nivcsw
                 if r >= warmup:
                     times[impl].append(elapsed)
                     if collector is not None:
                         collector.setdefault(impl, []).append((watch.collections, watch.seconds))
+                    if switches is not None:
+                        switches.setdefault(impl, []).append(nivcsw)
     return times
