@@ -16,6 +16,13 @@ the compiled version changes is the cost of each step:
   fields, and a dispatcher without pacing (and without a report) pays for
   pacing with one test of three C fields per task.
 
+On free-threaded CPython two more things keep threads from meeting where
+they need not (``docs/performance.md``, "Free-threaded CPython", has the
+measurements): the chat map is cut in 64 parts (``_Stripe``), each with its
+own dict and lock, and an idle worker, or the timer, sleeps on a
+``SimpleQueue`` (``_sleep``), not on a held ``Lock`` that would spin before
+it sleeps.  On a GIL build the map has one part.
+
 Nothing here relies on the GIL for mutual exclusion: every shared field is
 either read and written under the lock that owns it (see the comment on each
 field) or is an atomic integer.  No borrowed reference is kept across a lock
@@ -77,6 +84,19 @@ cdef extern from *:
     """
     int fd_awaitable_kind(object o)
     bint PyCoro_CheckExact(object o)
+
+cdef extern from *:
+    """
+    /* How many parts the chat map has (see _Stripe): 1 << FD_STRIPE_BITS. */
+    #ifdef Py_GIL_DISABLED
+    #define FD_STRIPE_BITS 6
+    #else
+    #define FD_STRIPE_BITS 0
+    #endif
+    #define FD_STRIPES ((Py_ssize_t)1 << FD_STRIPE_BITS)
+    """
+    const Py_ssize_t FD_STRIPES
+    const int FD_STRIPE_BITS
 
 logger = logging.getLogger("fastdispatch")
 
@@ -415,6 +435,7 @@ cdef class RingBuffer:
 
 
 cdef class SendContext
+cdef class _Stripe
 cdef class _Window
 cdef class _Bucket
 cdef class _Limiter
@@ -433,6 +454,7 @@ cdef class ChatQueue(RingBuffer):
     cdef bint _running
     cdef ChatQueue _next_ready  # ready list link; guarded by the pool lock
     cdef object _key            # the chat map's key (see _chat_key)
+    cdef _Stripe _stripe        # the part of the chat map that holds it
     cdef bint _removed          # out of the chat map for good; under _lock
     # A task that will run again: it goes before every waiting task and
     # does not count against the capacity (it was accepted once).
@@ -465,6 +487,24 @@ cdef class ChatQueue(RingBuffer):
         RingBuffer.__init__(self, capacity)
         self.chat_id = chat_id
         self._key = chat_id
+
+
+@cython.final
+cdef class _Stripe:
+    """One part of the chat map: the chats whose key hashes to it.
+
+    On free-threaded CPython every insert into a dict and every removal
+    takes that dict's lock; with one map, a producer adding a chat and a
+    worker removing an emptied one meet on it (and on its cache lines) at
+    every turn.  The map is cut in FD_STRIPES parts (64 there, one with the
+    GIL, where nothing runs at the same time anyway).
+    """
+
+    cdef dict queues              # key -> ChatQueue (dict ops are atomic)
+    cdef cython.pymutex lock      # inserts into queues vs. its reset when empty
+
+    def __cinit__(self):
+        self.queues = {}
 
 
 @cython.final
@@ -1729,8 +1769,10 @@ cdef class DispatcherCore:
     threads and the lifecycle on top of this class.
     """
 
-    cdef dict _queues                 # chat_id -> ChatQueue (dict ops are atomic)
-    cdef cython.pymutex _map_lock     # inserts into _queues vs. its reset when empty
+    # The chat map: chat key -> ChatQueue, in FD_STRIPES parts (_Stripe),
+    # and how many chats it holds (atomic; counted as they go in and out).
+    cdef list _stripes
+    cdef long long _chats
     cdef long long _closed            # atomic
     # configuration (written once, before any task)
     cdef Py_ssize_t _max_inflight
@@ -1789,10 +1831,9 @@ cdef class DispatcherCore:
     cdef long long _counts[5]
 
     def __cinit__(self, *args, **kwargs):
-        self._queues = {}
+        self._stripes = [_Stripe() for _ in range(FD_STRIPES)]
         self._idle = []
-        self._timer_wake = _allocate_lock()
-        self._timer_wake.acquire()
+        self._timer_wake = _Wake()
         self._on_queued = self._on_start = self._on_done = None
         self._on_rejected = self._on_retry = self._recover = None
         self._timer_until = _INF
@@ -1884,6 +1925,20 @@ cdef class DispatcherCore:
         self._enqueue(chat_id, task, future, loop)
         return await future
 
+    cdef inline _Stripe _stripe_for(self, object key):
+        # The part of the chat map for a key made by _chat_key: its hash
+        # (cached for a wrapped chat id, so no user code runs), its bits
+        # mixed so that ids that are multiples of FD_STRIPES spread too.
+        cdef Py_hash_t h
+        cdef size_t i = 0
+        if FD_STRIPES > 1:
+            if type(key) is _ChatKey:
+                h = (<_ChatKey>key)._hash
+            else:
+                h = hash(key)   # an int or a str
+            i = (<size_t>h * <size_t>0x9E3779B97F4A7C15ULL) >> (8 * sizeof(size_t) - FD_STRIPE_BITS)
+        return <_Stripe>self._stripes[i]
+
     cdef int _enqueue(self, object chat_id, object task, object future,
                       object loop) except -1:
         cdef ChatQueue q
@@ -1891,10 +1946,13 @@ cdef class DispatcherCore:
         cdef SendContext item
         cdef Py_ssize_t queue_len
         cdef bint start = False
-        cdef dict queues = self._queues
+        cdef _Stripe stripe
+        cdef dict queues
         if chat_id is None:
             raise TypeError("chat_id must not be None")
         key = _chat_key(chat_id)
+        stripe = self._stripe_for(key)
+        queues = stripe.queues
         q = queues.get(key)
         item = _new_item(chat_id, task, future,
                          monotonic() if self._on_done is not None else 0.0, loop)
@@ -1910,9 +1968,12 @@ cdef class DispatcherCore:
                 # another submitter may have installed first.
                 fresh = ChatQueue(chat_id, self._queue_size)
                 fresh._key = key
+                fresh._stripe = stripe
                 fresh._core_ref = self._ref
-                with self._map_lock:
+                with stripe.lock:
                     q = queues.setdefault(key, fresh)
+                    if q is fresh:
+                        FD_ADD(&self._chats, 1)
             with q._lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
@@ -2024,7 +2085,9 @@ cdef class DispatcherCore:
 
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
-        cdef ChatQueue q = self._queues.get(_chat_key(chat_id))
+        cdef ChatQueue q
+        key = _chat_key(chat_id)
+        q = self._stripe_for(key).queues.get(key)
         if q is None:
             return 0
         with q._lock:
@@ -2033,7 +2096,7 @@ cdef class DispatcherCore:
     @property
     def active_chats(self):
         """Chats that have waiting or running work."""
-        return len(self._queues)
+        return FD_LOAD(&self._chats)
 
     @property
     def queue_size(self):
@@ -2063,7 +2126,7 @@ cdef class DispatcherCore:
         return (FD_LOAD(&self._submitted), FD_LOAD(&self._counts[C_COMPLETED]),
                 FD_LOAD(&self._counts[C_FAILED]), FD_LOAD(&self._rejected),
                 FD_LOAD(&self._counts[C_DISCARDED]), FD_LOAD(&self._counts[C_CANCELLED]),
-                FD_LOAD(&self._counts[C_TIMED_OUT]), len(self._queues),
+                FD_LOAD(&self._counts[C_TIMED_OUT]), FD_LOAD(&self._chats),
                 FD_LOAD(&self._inflight), threads, FD_LOAD(&self._retried), paced, parked)
 
     def _pacing_state(self):
@@ -2082,7 +2145,7 @@ cdef class DispatcherCore:
 
     cdef int _maybe_drained(self) except -1:
         if (FD_LOAD(&self._drain_waiters) and not FD_LOAD(&self._pending)
-                and not self._queues):
+                and not FD_LOAD(&self._chats)):
             self._notify_drained()
         return 0
 
@@ -2516,17 +2579,24 @@ cdef class DispatcherCore:
     cdef int _remove_locked(self, ChatQueue q) except -1:
         # With q._lock held: take q out of the chat map.  A dict never
         # shrinks on deletion, so after a burst of 100k chats its table would
-        # keep its peak size for good; when the last chat leaves, reset it
-        # (under _map_lock, so that no insert can slip in between).
-        cdef dict queues = self._queues
+        # keep its peak size for good; when the last chat of its part leaves,
+        # reset that part (under its lock, so that no insert can slip in
+        # between).
+        cdef _Stripe stripe = q._stripe
+        cdef dict queues
+        if stripe is None:      # a queue built by hand: never in the map
+            q._removed = True
+            return 0
+        queues = stripe.queues
         if not q._removed:
             q._removed = True
             key = q._key
             if type(key) is _ChatKey:
                 (<_ChatKey>key)._removing = True
-            queues.pop(key, None)
+            if queues.pop(key, None) is not None:
+                FD_ADD(&self._chats, -1)
         if not queues:
-            with self._map_lock:
+            with stripe.lock:
                 if not queues:
                     queues.clear()
         return 0
@@ -3064,7 +3134,11 @@ cdef class DispatcherCore:
         parked = self._limiter.cancel_all()
         for item in running:
             self._expire(item, _BY_FORCE)
-        for q in list(self._queues.values()):
+        waiting_chats = []
+        for stripe in self._stripes:
+            # (a copy taken in one step: workers remove chats meanwhile)
+            waiting_chats.extend(list((<_Stripe>stripe).queues.values()))
+        for q in waiting_chats:
             with q._lock:
                 retrying = q._retry_item
                 q._retry_item = None
