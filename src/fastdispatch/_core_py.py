@@ -12,7 +12,9 @@ Locks, and what each protects:
 - ``ChatQueue.lock``: the queue's items and its ``running`` flag, and the
   removal of the queue from the chat map (invariant 4).
 - ``_map_lock``: inserting a new queue into the chat map, against resetting
-  the map when its last chat leaves.
+  the map when its last chat leaves (the compiled core, on free-threaded
+  CPython, cuts the map in parts, each with such a lock: the same protocol
+  per part).
 - ``_pool_lock``: the ready list (chats that have work but no worker), the
   idle-worker stack and the thread count.
 - ``_run_lock`` (the timer's lock): the registry of running tasks (the
@@ -1501,7 +1503,8 @@ class DispatcherCore:
             self._drain_waiters += n
 
     def _maybe_drained(self):
-        if self._drain_waiters and not self._pending and not self._queues:
+        if (self._drain_waiters and not self._pending and not self._queues
+                and not self._inflight):
             self._notify_drained()
 
     # ----------------------------------------------------------------- workers
@@ -1692,8 +1695,14 @@ class DispatcherCore:
         return False
 
     def _release_slot(self):
+        # The last slot given back may be what a drain() waits for (a
+        # worker holds one from before it takes a task until after it has
+        # ended it and, for the chat's last one, removed the emptied queue).
         with self._count_lock:
             self._inflight -= 1
+            last = self._inflight == 0
+        if last and self._drain_waiters:
+            self._maybe_drained()
         if self._slot_waiters:
             self._wake_slot_waiter()
 
@@ -1973,6 +1982,12 @@ class DispatcherCore:
         # force_close() claimed it first), a retry, or a panic of its chat.
         # ``cancelled``: a coroutine task's awaitable was cancelled;
         # ``posted``: a task given to post() (no Future).
+        waiting = None
+        if panic is not None:
+            # The chat is closed before its panicked task's Future is
+            # resolved: a task submitted by whoever saw that result goes to a
+            # new queue and runs, it is not discarded with the waiting ones.
+            waiting = self._close_panicked(q)
         # Whoever takes the task out of the running registry owns its
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
@@ -2004,7 +2019,7 @@ class DispatcherCore:
                 self._log_unobserved(item, error)
             item._error = None
         if panic is not None:
-            self._panic(q, panic)
+            self._panic(q, panic, waiting)
         item._fn = None
         with self._count_lock:
             self._pending -= 1
@@ -2148,14 +2163,19 @@ class DispatcherCore:
         except BaseException as exc:
             self._hook_failed("on_done", exc)
 
-    def _panic(self, q, exc):
-        # SPEC §2.6: the worker survives; the chat's waiting tasks are
-        # discarded (each Future resolved, never left pending), the queue is
-        # removed, then recover(exc) runs.
+    def _close_panicked(self, q):
+        # SPEC §2.6, first step: the chat's waiting tasks are taken out and
+        # its queue is removed (returns those tasks, for _panic).
         with q.lock:
             waiting = q.clear()
             q.running = False
             self._remove_locked(q)
+        return waiting
+
+    def _panic(self, q, exc, waiting):
+        # SPEC §2.6: the worker survives; the chat's waiting tasks (taken out
+        # by _close_panicked) are discarded, each Future resolved, never
+        # left pending; then recover(exc) runs.
         chat = _safe_repr(q.chat_id)
         for item in waiting:
             error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))

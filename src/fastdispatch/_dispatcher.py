@@ -173,7 +173,9 @@ class _Lifecycle:
             self._add_drain_waiter(-1)
 
     def _is_idle(self):
-        return self._pending_count() == 0 and self.active_chats == 0
+        # Nothing pending, no chat, no slot held: stats() read after a
+        # drain() shows every task settled and inflight 0.
+        return self._pending_count() == 0 and self.active_chats == 0 and self.inflight == 0
 
     def shutdown(self, timeout=None):
         """``close()``, then ``drain(timeout)``, then end every thread.

@@ -2145,7 +2145,7 @@ cdef class DispatcherCore:
 
     cdef int _maybe_drained(self) except -1:
         if (FD_LOAD(&self._drain_waiters) and not FD_LOAD(&self._pending)
-                and not FD_LOAD(&self._chats)):
+                and not FD_LOAD(&self._chats) and not FD_LOAD(&self._inflight)):
             self._notify_drained()
         return 0
 
@@ -2360,7 +2360,11 @@ cdef class DispatcherCore:
         return False
 
     cdef inline int _release_slot(self) except -1:
-        FD_ADD(&self._inflight, -1)
+        # The last slot given back may be what a drain() waits for (a
+        # worker holds one from before it takes a task until after it has
+        # ended it and, for the chat's last one, removed the emptied queue).
+        if FD_ADD(&self._inflight, -1) == 1 and FD_LOAD(&self._drain_waiters):
+            self._maybe_drained()
         if FD_LOAD(&self._slot_waiting):
             self._wake_slot_waiter()
         return 0
@@ -2669,6 +2673,12 @@ cdef class DispatcherCore:
         # ``cancelled``: a coroutine task's awaitable was cancelled;
         # ``posted``: a task given to post() (no Future).
         cdef int verdict
+        cdef list waiting = None
+        if panic is not None:
+            # The chat is closed before its panicked task's Future is
+            # resolved: a task submitted by whoever saw that result goes to a
+            # new queue and runs, it is not discarded with the waiting ones.
+            waiting = self._close_panicked(q)
         # Whoever takes the task out of the running registry owns its
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item):
@@ -2706,7 +2716,7 @@ cdef class DispatcherCore:
                 self._log_unobserved(item, error)
             item._error = None
         if panic is not None:
-            self._panic(q, panic)
+            self._panic(q, panic, waiting)
         item._fn = None
         FD_ADD(&self._pending, -1)
         self._maybe_drained()
@@ -2852,15 +2862,20 @@ cdef class DispatcherCore:
             self._hook_failed("on_done", exc)
         return 0
 
-    cdef int _panic(self, ChatQueue q, object exc) except -1:
-        # SPEC §2.6: the worker survives; the chat's waiting tasks are
-        # discarded (each Future resolved, never left pending), the queue is
-        # removed, then recover(exc) runs.
+    cdef list _close_panicked(self, ChatQueue q):
+        # SPEC §2.6, first step: the chat's waiting tasks are taken out and
+        # its queue is removed (returns those tasks, for _panic).
         cdef list waiting
         with q._lock:
             waiting = q._clear()
             q._running = False
             self._remove_locked(q)
+        return waiting
+
+    cdef int _panic(self, ChatQueue q, object exc, list waiting) except -1:
+        # SPEC §2.6: the worker survives; the chat's waiting tasks (taken out
+        # by _close_panicked) are discarded, each Future resolved, never
+        # left pending; then recover(exc) runs.
         chat = _safe_repr(q.chat_id)
         for item in waiting:
             error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
