@@ -619,6 +619,41 @@ def test_a_recover_raising_base_exception_is_contained(make_dispatcher, caplog):
     assert d.drain(5) and _accounted(d)
 
 
+def test_a_task_submitted_as_the_panicked_task_resolves_runs(make_dispatcher):
+    # Whoever sees the panicked task's TaskDiscarded may submit to the chat
+    # again at once: that task is new, not one of the waiting tasks the
+    # panic discards.  A done callback submits at the very moment the
+    # Future is resolved, on the worker (the chat used to be cleared only
+    # after that, and discarded this task too).
+    d = make_dispatcher(max_inflight=1)
+    gate = threading.Event()
+    after = []
+    fut = d.submit("c", lambda sc: gate.wait(10) and (_ for _ in ()).throw(Panic("task")))
+    fut.add_done_callback(lambda f: after.append(d.submit("c", lambda sc: "next")))
+    gate.set()
+    with pytest.raises(TaskDiscarded):
+        fut.result(5)
+    assert _wait_until(lambda: after)
+    assert after[0].result(5) == "next"
+    assert d.drain(5) and _accounted(d)
+
+
+def test_after_drain_nothing_is_in_flight(make_dispatcher, tiny_switch_interval):
+    # drain() returns once nothing is pending, no chat is left and no
+    # worker holds a slot: stats() read right after it shows inflight 0
+    # (it could show the slot of a worker still removing the last chat,
+    # e.g. after a panic, which closes its chat before the task ends).
+    d = make_dispatcher(max_inflight=2, recover=lambda exc: None)
+    for n in range(200):
+        futures = [d.submit("p%d" % (n % 3), lambda sc: (_ for _ in ()).throw(Panic("x"))),
+                   d.submit("q%d" % n, lambda sc: None)]
+        assert d.drain(10)
+        s = d.stats()
+        assert (s.inflight, s.active_chats) == (0, 0), (n, s)
+        for f in futures:
+            assert f.done()
+
+
 # ------------------------------------ 9. hooks never hold the deadline thread
 
 def test_a_blocking_on_done_hook_does_not_delay_other_timeouts(make_dispatcher):
