@@ -64,10 +64,13 @@ def test_the_verdicts_compare_gil_off_with_the_first_gil_build():
 
 
 def test_without_both_kinds_of_interpreter_the_section_says_what_it_misses(monkeypatch):
-    monkeypatch.setattr(ft, "interpreters", lambda: [(sys.executable, {})])
+    monkeypatch.setattr(ft, "interpreters", lambda: [(sys.executable, {})])       # a GIL build
     (row,) = ft.run(quick=True, progress=lambda msg: None)
-    missing = "a free-threaded CPython" if not FREE_THREADED else "a GIL build"
-    assert "not measured" in row[0] and missing in row[0] and row[-1] == "(info)"
+    assert "not measured: needs a free-threaded CPython;" in row[0] and row[-1] == "(info)"
+    monkeypatch.setattr(ft, "interpreters", lambda: [(sys.executable, {"PYTHON_GIL": "0"}),
+                                                     (sys.executable, {"PYTHON_GIL": "1"})])
+    (row,) = ft.run(quick=True, progress=lambda msg: None)
+    assert "not measured: needs a GIL build;" in row[0] and row[-1] == "(info)"
     assert ft.rows_for([])[0][0].startswith("(not measured: needs a free-threaded CPython "
                                             "and a GIL build")
 
