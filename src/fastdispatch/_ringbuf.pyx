@@ -107,9 +107,10 @@ cdef object _allocate_lock = threading.Lock
 # SimpleQueue), in which a waker puts one token.  Not a Lock that the waker
 # releases: on free-threaded CPython, acquiring a Lock that is held spins
 # first (up to 40 sched_yield calls) and only then sleeps, and the wait of
-# a thread going idle is seldom short; SimpleQueue.get sleeps at once (a
-# ping-pong of two threads on 3.13t: 1.6 million sched_yield calls per 20,000
-# round trips with Locks, 3,640 with SimpleQueues).
+# a thread going idle is seldom short; SimpleQueue.get sleeps at once.  With
+# more threads than cores (the dispatcher's case) that spin is preemption and
+# wasted CPU; on idle cores it is the faster wake-up (bench/thread_wakes.py
+# measures both, docs/performance.md has the figures).
 cdef inline bint _sleep(object wake, object timeout) except -1:
     # Take a token: True if one came, False after ``timeout`` seconds
     # (None: wait for one).
