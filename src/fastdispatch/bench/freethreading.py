@@ -61,7 +61,7 @@ TASKS = 10_000
 
 # The child: one interpreter's rounds, printed as one JSON line.
 CHILD = r"""
-import json, resource, sys, sysconfig, time
+import json, sys, sysconfig
 import fastdispatch
 from fastdispatch.bench import scenarios as sc
 rounds = int(sys.argv[1])
