@@ -277,8 +277,11 @@ def ptb_bot(server, dispatcher, made, stop):
         await context.bot.send_message(update.effective_chat.id, "r:" + update.message.text)
 
     async def main():
+        # pool_timeout: a reply waiting for one of the 64 connections is
+        # dropped by PTB after 1 s by default, which a loaded machine reaches
+        # (a bound on a hang here, not a speed).
         builder = (ApplicationBuilder().token(TOKEN).base_url(server.base_url + "/bot")
-                   .concurrent_updates(True).connection_pool_size(64))
+                   .concurrent_updates(True).connection_pool_size(64).pool_timeout(60))
         if limiter is not None:
             builder = builder.rate_limiter(limiter)
         app = builder.build()
