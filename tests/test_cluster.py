@@ -758,6 +758,43 @@ def test_shared_limiter_asks_again_after_a_late_answer_and_starts_on_a_fresh_one
         client.close()
 
 
+def test_shared_limiter_costs_one_call_per_start_taken_in_time(tmp_path):
+    # Four threads over two clients keep the global limit saturated, so that
+    # nearly every start is a reservation slept for; with a guard far above
+    # any thread's lateness, each start is one script call (the old reserve-
+    # then-confirm design made two or more), and the windows still hold.
+    with RedisServer(data_dir=str(tmp_path)) as server:
+        raw = [redis.Redis.from_url(server.url) for _ in range(2)]
+        clients = [_LateClient(c, [0.0]) for c in raw]
+        limiters = [SharedLimiter(c, STREAM, RateLimit(10, 0.2), RateLimit(3, 0.2), guard=0.4)
+                    for c in clients]
+        starts, lock = [], threading.Lock()
+
+        def run(i):
+            for n in range(15):
+                chat = "c%d" % ((i + n) % 5)
+                assert limiters[i % 2].acquire(chat, _Ctx(), 30) is None
+                with lock:
+                    starts.append((time.time(), chat))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(starts) == 60
+        assert sum(c.calls for c in clients) == 60
+        assert sum(limiter.late_answers for limiter in limiters) == 0
+        starts.sort()
+        # Redis keeps windows of per + guard (0.6 s); a start is at most
+        # guard / 2 late, so any 0.4 s holds no more than the limit (less a
+        # margin for the step from acquire to the record here).
+        assert _max_in_window([t for t, _ in starts], 0.35) <= 10
+        for chat in ("c0", "c1", "c2", "c3", "c4"):
+            assert _max_in_window([t for t, c in starts if c == chat], 0.35) <= 3
+        for c in raw:
+            c.close()
+
+
 def test_shared_limiter_never_waits_past_max_wait_however_often_it_is_pushed_back(tmp_path):
     # One start per 0.4 s; a second limiter keeps taking starts for the same
     # chat: the first asks for a start with max_wait 0.5 s and must come back

@@ -20,9 +20,20 @@ reservation further away than ``max_wait`` is not made (the caller gives
 the message back and asks again later).
 
 ``guard`` widens each window a little (50 ms by default): a start recorded
-by Redis and the request leaving the process are not the same instant, and
-the guard keeps scheduling jitter from ever squeezing ``count + 1`` real
-sends into ``per`` seconds.
+by Redis and the request leaving the process are not the same instant.  The
+caller never starts before its reserved start (it sleeps from the moment
+the answer arrived, and Redis decided before that), and starts no later
+than ``guard / 2`` after it (measured from the moment it asked, so neither
+a late answer nor a late wake-up escapes): every real start lies within
+``[reserved, reserved + guard/2]`` plus the few microseconds to the send,
+so windows ``per + guard`` apart in Redis are more than ``per`` apart in
+fact.  A caller that would start later than that gives its start up and
+reserves a new one, at the end of the queue (one call: ``reserve`` drops the
+caller's earlier start).  A start is never moved later where it stands:
+the reservations after it were made against it, and only ever removing an
+entry keeps every window that was true true.  So a send costs one call when
+it starts in time, whatever the number of chats or the Redis latency, and
+one more each time it does not.
 
 The script is registered once (``redis-py``'s ``register_script``: EVALSHA,
 reloaded by itself after a Redis restart).  Keys carry a ``{stream}`` hash
@@ -39,55 +50,41 @@ LIMIT_SCRIPT = """
 -- KEYS[1]: global log, KEYS[2]: chat log (sorted sets: member -> start, us)
 -- ARGV: g_count, g_per_us, c_count, c_per_us, max_wait_us, member, mode
 -- (a count of 0 switches that limit off).  mode:
---   reserve: take the earliest start both logs allow; {1, 0} = start now,
---            {1, wait} = reserved wait us ahead (confirm then), {0, wait} =
---            not reserved (further than max_wait)
---   confirm: the reservation is due: {1, 0} = start now (recorded at now),
---            {0, wait} = not yet (moved wait us ahead; confirm again)
---   cancel:  drop the reservation
+--   reserve: drop member's earlier start if it has one (asked again), then
+--            take the earliest start both logs allow: {1, wait} = reserved
+--            wait us after now (0: start now), {0, wait} = not reserved
+--            (further than max_wait)
+--   cancel:  drop member's start
+-- Every step is O(log n): no call reads a whole window.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local member, mode = ARGV[6], ARGV[7]
 local limits = {{KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])},
                 {KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4])}}
-if mode == 'cancel' then
-  for _, l in ipairs(limits) do
-    if l[2] > 0 then redis.call('ZREM', l[1], member) end
-  end
-  return {1, 0}
-end
 local start = now
 for _, l in ipairs(limits) do
   local key, count, per = l[1], l[2], l[3]
   if count > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - per)
+    redis.call('ZREM', key, member)
     if mode == 'reserve' then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - per)
       -- after every entry, and count entries back at least per apart
-      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      if last[2] then start = math.max(start, tonumber(last[2])) end
-      if redis.call('ZCARD', key) >= count then
-        local e = redis.call('ZRANGE', key, -count, -count, 'WITHSCORES')
-        start = math.max(start, tonumber(e[2]) + per)
-      end
-    else
-      -- starting now: fewer than count other entries within (now - per, now]
-      local r = redis.call('ZREVRANGEBYSCORE', key, now, '-inf', 'WITHSCORES',
-                           'LIMIT', 0, count + 1)
-      local n = 0
-      for i = 1, #r, 2 do
-        if r[i] ~= member then
-          n = n + 1
-          if n == count then
-            start = math.max(start, tonumber(r[i + 1]) + per)
-          end
+      local n = redis.call('ZCARD', key)
+      if n > 0 then
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        start = math.max(start, tonumber(last[2]))
+        if n >= count then
+          local e = redis.call('ZRANGE', key, -count, -count, 'WITHSCORES')
+          start = math.max(start, tonumber(e[2]) + per)
         end
       end
     end
   end
 end
+if mode ~= 'reserve' then return {1, 0} end
 local wait = start - now
-if mode == 'reserve' and wait > tonumber(ARGV[5]) then
+if wait > tonumber(ARGV[5]) then
   return {0, wait}
 end
 for _, l in ipairs(limits) do
@@ -96,11 +93,8 @@ for _, l in ipairs(limits) do
     redis.call('PEXPIRE', l[1], math.floor((wait + l[3]) / 1000) + 1000)
   end
 end
-if mode == 'reserve' then return {1, wait} end
-if wait > 0 then return {0, wait} end
-return {1, 0}
+return {1, wait}
 """
-
 
 def _us(seconds):
     return int(round(seconds * 1_000_000))
@@ -111,15 +105,14 @@ class SharedLimiter:
 
     ``global_limit`` and ``chat_limit`` are ``RateLimit`` or None.  Thread
     safe (redis-py's client holds a connection pool).  A start costs one
-    round trip when it is allowed at once, else two (reserve, sleep,
-    confirm); the confirmation is what makes the limit strict even when a
-    thread wakes up late: a late start is checked against the starts
-    actually made, and pushed back if it would overfill a window.  Redis
-    errors propagate (``redis.exceptions.ConnectionError`` and friends): the
-    caller decides how to wait for Redis.
+    script call (reserve, sleep until the reserved start) when the thread
+    starts within ``guard / 2`` of it, one more (reserve anew) each time it
+    does not; see the module's docstring for why that keeps the limit
+    strict.  Redis errors propagate (``redis.exceptions.ConnectionError``
+    and friends): the caller decides how to wait for Redis.
     """
 
-    #: how many late "yes" answers one ``acquire`` asks again after
+    #: how many late starts one ``acquire`` reserves anew after
     LATE_ANSWERS = 3
 
     def __init__(self, client, stream, global_limit=None, chat_limit=None, guard=0.05):
@@ -130,7 +123,7 @@ class SharedLimiter:
         self.chat_limit = chat_limit
         self.guard = guard
         self._late_lock = threading.Lock()   # guards late_answers (many threads add)
-        self.late_answers = 0   # starts given back: every answer came back late
+        self.late_answers = 0   # starts given back: this thread kept starting late
         g, c = global_limit, chat_limit
         self._args = [
             g.count if g else 0, _us(g.per + guard) if g else 0,
@@ -156,46 +149,41 @@ class SharedLimiter:
         Returns a wait in seconds instead (the caller gives the message back
         and asks again that much later), having dropped its reservation,
         when the start cannot be made within ``max_wait`` of the call: the
-        earliest start is further away, confirmations kept pushing it back,
-        or the answers kept coming back late (below).  The whole call stays
-        within ``max_wait`` plus a few round trips, so the limiter never
-        runs a send into its ``send_timeout``.  A cancelled ``sc`` (deadline,
-        force_close) drops the reservation and raises through ``sc.check()``.
+        earliest start is further away, or this thread kept starting late
+        (below).  The whole call stays within ``max_wait`` plus a few round
+        trips, so the limiter never runs a send into its ``send_timeout``.
+        A cancelled ``sc`` (deadline, force_close) drops the reservation and
+        raises through ``sc.check()``.
 
-        "Allowed" is only trusted when the answer came back within half the
-        guard (measured round trip, no clock shared with Redis needed): a
-        thread that got the answer late (a busy machine, the GIL) asks again
-        instead of sending on a stale yes -- at most ``LATE_ANSWERS`` times
-        in one call; then the start is given back (``late_answers`` counts
-        them), so an overloaded process slows down instead of spinning on
-        Redis.
+        A start is only taken when the thread is at most ``guard / 2`` past
+        the reserved start, counted from the moment it asked (a late answer
+        and a late wake-up alike: a busy machine, the GIL); else it reserves
+        anew -- at most ``LATE_ANSWERS`` times in one call; then the start
+        is given back (``late_answers`` counts them), so an overloaded
+        process slows down instead of spinning on Redis.
         """
         member = uuid.uuid4().hex
         fresh = self.guard / 2.0 if self.guard > 0 else float("inf")
-        t0 = monotonic()
-        give_up = t0 + max_wait
-        ok, wait = self._call(chat_id, "reserve", member, max_wait)
-        if not ok:
-            return wait
+        give_up = monotonic() + max_wait
         late = 0
         while True:
-            if wait <= 0:
-                if monotonic() - t0 <= fresh:
-                    return None
-                late += 1
-                if late > self.LATE_ANSWERS:
-                    self._call(chat_id, "cancel", member)
-                    with self._late_lock:
-                        self.late_answers += 1
-                    return max(self.guard, 0.01)
-            elif monotonic() + wait > give_up:
-                self._call(chat_id, "cancel", member)
-                return wait
-            elif sc.wait(wait):
+            asked = monotonic()
+            ok, wait = self._call(chat_id, "reserve", member, max(0.0, give_up - asked))
+            if not ok:
+                return wait        # nothing reserved (an earlier start was dropped)
+            # Redis decided after `asked` and before the answer arrived:
+            # `wait` from now is never early.
+            if wait > 0 and sc.wait(wait):
                 self._call(chat_id, "cancel", member)
                 sc.check()
-            t0 = monotonic()
-            ok, wait = self._call(chat_id, "confirm", member)
             if sc.cancelled:
                 self._call(chat_id, "cancel", member)
                 sc.check()
+            if monotonic() - asked - wait <= fresh:
+                return None
+            late += 1
+            if late > self.LATE_ANSWERS:
+                self._call(chat_id, "cancel", member)
+                with self._late_lock:
+                    self.late_answers += 1
+                return max(self.guard, 0.01)

@@ -125,7 +125,7 @@ class WorkerStats:
 
     def __init__(self):
         self.sent = self.skipped = self.dead = self.handed_back = self.redelivered = 0
-        self.late_answers = 0   # starts given back because the limiter's answers were late
+        self.late_answers = 0   # starts given back because this worker kept starting late
         self.topology_recreated = 0   # times the stream or consumers were found gone
         self.fenced = 0         # sends not made: the claim on the message had gone stale
 
@@ -640,10 +640,11 @@ class ClusterWorker:
                 late = self._limiter.late_answers   # the limiter counts, under its lock
                 if late != self.stats.late_answers:
                     self.stats.late_answers = late
-                    self._warn("late", "Redis's answers to the shared limiter come back later "
-                               "than half of limit_guard (%.0f ms): a start was given back "
-                               "and is asked for again (this process is overloaded, or Redis "
-                               "is far: raise --limit-guard)", self._guard * 1000)
+                    self._warn("late", "this worker's sends kept starting later than half of "
+                               "limit_guard (%.0f ms) after the shared limiter's decision (late "
+                               "answers from Redis, or threads woken late): a start was given "
+                               "back and is asked for again (this process is overloaded, or "
+                               "Redis is far: raise --limit-guard)", self._guard * 1000)
                 if await self._with_progress(claim, self._sleep_or_stop(max(0.05, exc.wait / 2))):
                     await self._hand_back(msg)
                     return
