@@ -18,6 +18,7 @@ from fastdispatch import (
     SendTimeout,
     TaskDiscarded,
 )
+from fastdispatch._types import Future
 
 
 class Recorder:
@@ -442,6 +443,63 @@ def test_stats_account_for_every_accepted_task(make_dispatcher):
     assert s["completed"] == s.completed and dict(zip(s._fields, s))["failed"] == 1
 
 
+class _FalsyError(Exception):
+    def __bool__(self):
+        return False
+
+
+@pytest.mark.parametrize("made", ["by-submit", "by-hand"])
+def test_result_of_a_future_is_the_stdlibs_in_every_state(make_dispatcher, made):
+    # The compiled core reads a finished Future's result from C: in every
+    # state, result() does what concurrent.futures' own Future does.
+    d = make_dispatcher()
+    boom, falsy = ValueError("boom"), _FalsyError()
+
+    def outcome(future, timeout=None):
+        try:
+            return ("value", future.result(timeout))
+        except BaseException as exc:
+            return ("raised", type(exc), exc if exc is boom or exc is falsy else None)
+
+    plain = concurrent.futures.Future()
+    plain.set_running_or_notify_cancel()
+    held = threading.Event()
+    if made == "by-submit":
+        started = threading.Event()
+        ours = d.submit("c", lambda sc: (started.set(), held.wait(10))[1])
+        assert started.wait(10)
+    else:
+        ours = Future()
+        ours.set_running_or_notify_cancel()
+    assert outcome(ours, 0.01) == outcome(plain, 0.01) == (
+        "raised", concurrent.futures.TimeoutError, None)
+    if made == "by-submit":
+        held.set()
+        assert ours.result(10) is True
+    else:
+        ours.set_result(True)
+    plain.set_result(True)
+    for timeout in (None, 0, 5, "not a timeout"):
+        assert outcome(ours, timeout) == outcome(plain, timeout) == ("value", True)
+    for settle in (lambda f: f.set_exception(boom), lambda f: f.set_exception(falsy),
+                   lambda f: f.cancel(), lambda f: f.set_result(None)):
+        mine, theirs = Future(), concurrent.futures.Future()
+        settle(mine)
+        settle(theirs)
+        assert outcome(mine) == outcome(theirs)
+        assert outcome(mine, 0) == outcome(theirs, 0)
+    # A result() blocked before the result came is woken with it.
+    late, got = Future(), []
+    waiter = threading.Thread(target=lambda: got.append(late.result(10)))
+    waiter.start()
+    time.sleep(0.05)
+    late.set_result("late")
+    waiter.join(10)
+    assert got == ["late"]
+    assert Future.result.__name__ == "result"
+    assert Future.result.__doc__ == concurrent.futures.Future.result.__doc__
+
+
 def test_inflight_and_queue_len_are_readable_at_any_time(make_dispatcher):
     d = make_dispatcher()
     gate, _ = blocker(d, "c")
@@ -460,7 +518,10 @@ def test_future_from_submit_behaves_like_a_plain_future(make_dispatcher):
     # A subclass only in how it runs done-callbacks (see test_error_paths.py).
     assert isinstance(fut, concurrent.futures.Future)
     assert type(fut).__bases__ == (concurrent.futures.Future,)
-    assert {k for k in vars(type(fut)) if not k.startswith("__")} == {"_invoke_callbacks"}
+    # (and, with the compiled core, in how result() reads a finished one:
+    # test_result_of_a_future_is_the_stdlibs_in_every_state)
+    assert {k for k in vars(type(fut)) if not k.startswith("__")} <= {"_invoke_callbacks",
+                                                                      "result"}
     assert started.wait(10)
     assert fut.running() and not fut.done() and not fut.cancel()
     called = []

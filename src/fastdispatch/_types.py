@@ -21,6 +21,10 @@ class Future(concurrent.futures.Future):
     ``asyncio.wrap_future`` among them).  Here every callback runs; one that
     raises an ``Exception`` is logged as ``concurrent.futures`` logs it, and
     any other ``BaseException`` is logged on the ``fastdispatch`` logger.
+
+    The compiled core, once imported, gives the class a ``result()`` that
+    hands over a finished Future's result from C and is the stdlib's method
+    in every other case (see ``_future_result`` in ``_ringbuf.pyx``).
     """
 
     def _invoke_callbacks(self):
