@@ -39,12 +39,20 @@ def main(argv=None):
                         help="timed rounds per contender per turn (default 6)")
     parser.add_argument("--turns", type=int, default=3,
                         help="turns each interpreter takes (default 3)")
+    parser.add_argument("--max-inflight", type=int, default=ft.THREADS,
+                        help="the dispatcher's max_inflight (default %d, the section's; "
+                             "the number of cores shows what more threads than cores "
+                             "cost)" % ft.THREADS)
     args = parser.parse_args(argv)
+    if args.max_inflight < 1:
+        parser.error("--max-inflight must be at least 1")
 
     figures = ft.measure(ft.interpreters(args.python), rounds=args.rounds, turns=args.turns,
-                         progress=lambda msg: sys.stderr.write(msg + "\n"))
-    print("e2e: 10,000 no-op tasks over 1,000 chats, compiled core, max_inflight=8; %d CPUs; "
-          "medians of %d rounds" % (os.cpu_count() or 0, args.rounds * args.turns))
+                         progress=lambda msg: sys.stderr.write(msg + "\n"),
+                         threads=args.max_inflight)
+    print("e2e: 10,000 no-op tasks over 1,000 chats, compiled core, max_inflight=%d; %d CPUs; "
+          "medians of %d rounds" % (args.max_inflight, os.cpu_count() or 0,
+                                    args.rounds * args.turns))
     header = ("interpreter", "python", "GIL", "floor / task", "submit+wait / task", "post / task",
               "2 vs 1 producers, submit", "2 vs 1, post", "invol. switches / 10k, submit",
               "... post")

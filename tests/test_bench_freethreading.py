@@ -8,6 +8,8 @@ without both kinds of interpreter the section says what it is missing
 instead of measuring.
 """
 
+import os
+import subprocess
 import sys
 import sysconfig
 
@@ -26,6 +28,44 @@ def test_the_child_measures_every_contender_on_this_interpreter():
     assert all(t > 0 for t in figures["per_task"].values())
     assert set(figures["two_vs_one"]) == {"submit", "post"}
     assert all(n >= 0 for n in figures["switches"].values())
+
+
+BENCH_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "bench", "freethreading.py")
+
+
+def test_the_script_runs_the_workload_with_the_max_inflight_it_is_given():
+    r = subprocess.run([sys.executable, BENCH_SCRIPT, "--python", sys.executable, "--rounds", "1",
+                        "--turns", "1", "--max-inflight", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "compiled core, max_inflight=2;" in r.stdout, r.stdout
+    bad = subprocess.run([sys.executable, BENCH_SCRIPT, "--python", sys.executable,
+                          "--max-inflight", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--max-inflight must be at least 1" in bad.stderr
+
+
+def test_the_child_builds_its_dispatchers_with_the_max_inflight_it_is_given():
+    # The child's own code, run here with a recording make_dispatcher.
+    from fastdispatch.bench import scenarios as sc
+    seen = []
+    real = sc.make_dispatcher
+
+    def recording(impl, threads=8, queue_size=64):
+        seen.append(threads)
+        return real(impl, threads, queue_size=queue_size)
+
+    sc.make_dispatcher = recording
+    try:
+        ns = {}
+        code = ft.CHILD.split("switches = {}")[0].replace(
+            "rounds, threads = int(sys.argv[1]), int(sys.argv[2])", "rounds, threads = 1, 3")
+        exec(compile(code, "<child>", "exec"), ns)
+        for contender in ns["contenders"].values():
+            contender.close()
+    finally:
+        sc.make_dispatcher = real
+    assert seen == [3, 3, 3, 3]
 
 
 def test_a_child_that_fails_names_the_interpreter():

@@ -58,20 +58,21 @@ def _configured():
 ESTIMATE = ((8, 30), (2, 10)) if _configured() else ((1, 1), (1, 1))
 
 TASKS = 10_000
+THREADS = 8
 
 # The child: one interpreter's rounds, printed as one JSON line.
 CHILD = r"""
 import json, sys, sysconfig
 import fastdispatch
 from fastdispatch.bench import scenarios as sc
-rounds = int(sys.argv[1])
+rounds, threads = int(sys.argv[1]), int(sys.argv[2])
 assert fastdispatch.IMPLEMENTATION == "cython", fastdispatch.IMPLEMENTATION
 contenders = {
     "floor": sc.EndToEnd("floor"),
-    "submit-1": sc.EndToEnd("fastdispatch", producers=1),
-    "submit-2": sc.EndToEnd("fastdispatch", producers=2),
-    "post-1": sc.EndToEnd("fastdispatch", producers=1, post=True),
-    "post-2": sc.EndToEnd("fastdispatch", producers=2, post=True),
+    "submit-1": sc.EndToEnd("fastdispatch", producers=1, threads=threads),
+    "submit-2": sc.EndToEnd("fastdispatch", producers=2, threads=threads),
+    "post-1": sc.EndToEnd("fastdispatch", producers=1, post=True, threads=threads),
+    "post-2": sc.EndToEnd("fastdispatch", producers=2, post=True, threads=threads),
 }
 switches = {}
 times = sc.time_rounds(contenders, rounds, warmup=1, block=max(1, rounds // 2),
@@ -110,8 +111,9 @@ def interpreters(pythons=None):
     return runs
 
 
-def _child(python, env, rounds):
-    proc = subprocess.run([python, "-c", CHILD, str(rounds)], capture_output=True, text=True,
+def _child(python, env, rounds, threads=THREADS):
+    proc = subprocess.run([python, "-c", CHILD, str(rounds), str(threads)],
+                          capture_output=True, text=True,
                           env=dict(os.environ, **env), check=False)
     if proc.returncode:
         raise RuntimeError("%s failed (is fastdispatch installed there, with its compiled "
@@ -119,14 +121,19 @@ def _child(python, env, rounds):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(runs, rounds=6, turns=3, progress=lambda msg: None):
-    """Per run: its medians (seconds per task, switches per 10,000 tasks, 2-vs-1 ratios)."""
+def measure(runs, rounds=6, turns=3, progress=lambda msg: None, threads=THREADS):
+    """Per run: its medians (seconds per task, switches per 10,000 tasks, 2-vs-1 ratios).
+
+    ``threads``: the dispatcher's ``max_inflight`` (the section's workload
+    has 8; as many as the machine has cores shows what more runnable
+    threads than cores cost without the GIL).
+    """
     pooled = [None] * len(runs)
     for turn in range(turns):
         for i, (python, env) in enumerate(runs):
             progress("turn %d/%d: %s %s" % (turn + 1, turns, python,
                                             " ".join("%s=%s" % kv for kv in env.items())))
-            result = _child(python, env, rounds)
+            result = _child(python, env, rounds, threads)
             if pooled[i] is None:
                 pooled[i] = result
             else:
