@@ -327,10 +327,10 @@ def _future_result(self, timeout=None):
     # Future.result (installed below): a Future finished with a result
     # hands it over from C, under its lock as the stdlib's method takes it;
     # anything else (not finished yet, an exception to raise, a cancelled
-    # Future, a layout of its own) is the stdlib's method.  The caller's
-    # result() is a third of a submit + wait, and on free-threaded 3.13,
-    # which does not specialize bytecode, the method's Python code costs
-    # twice what it does on 3.11 (docs/performance.md).
+    # Future, a layout of its own) is the stdlib's method.  The stdlib's
+    # result() was a fifth of a submit + wait on free-threaded 3.13, which
+    # does not specialize bytecode (its Python code cost 1.8x what it does
+    # on 3.11); from C it costs a third of that (docs/performance.md).
     cdef bint done = False
     lock = self._condition._lock
     lock.acquire()
