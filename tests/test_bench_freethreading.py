@@ -46,26 +46,8 @@ def test_the_script_runs_the_workload_with_the_max_inflight_it_is_given():
 
 
 def test_the_child_builds_its_dispatchers_with_the_max_inflight_it_is_given():
-    # The child's own code, run here with a recording make_dispatcher.
-    from fastdispatch.bench import scenarios as sc
-    seen = []
-    real = sc.make_dispatcher
-
-    def recording(impl, threads=8, queue_size=64):
-        seen.append(threads)
-        return real(impl, threads, queue_size=queue_size)
-
-    sc.make_dispatcher = recording
-    try:
-        ns = {}
-        code = ft.CHILD.split("switches = {}")[0].replace(
-            "rounds, threads = int(sys.argv[1]), int(sys.argv[2])", "rounds, threads = 1, 3")
-        exec(compile(code, "<child>", "exec"), ns)
-        for contender in ns["contenders"].values():
-            contender.close()
-    finally:
-        sc.make_dispatcher = real
-    assert seen == [3, 3, 3, 3]
+    (figures,) = ft.measure([(sys.executable, {})], rounds=1, turns=1, threads=3)
+    assert figures["max_inflight"] == [3]
 
 
 def test_a_child_that_fails_names_the_interpreter():

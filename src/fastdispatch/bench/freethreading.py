@@ -74,6 +74,8 @@ contenders = {
     "post-1": sc.EndToEnd("fastdispatch", producers=1, post=True, threads=threads),
     "post-2": sc.EndToEnd("fastdispatch", producers=2, post=True, threads=threads),
 }
+# (what the dispatchers were built with, for the caller to check)
+max_inflight = sorted({c.d.max_inflight for name, c in contenders.items() if name != "floor"})
 switches = {}
 times = sc.time_rounds(contenders, rounds, warmup=1, block=max(1, rounds // 2),
                        switches=switches)
@@ -83,6 +85,7 @@ print(json.dumps({
     "version": sys.version.split()[0],
     "free_threaded_build": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
     "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
+    "max_inflight": max_inflight,
     "times": times,
     "switches": switches,
 }))
@@ -150,6 +153,7 @@ def measure(runs, rounds=6, turns=3, progress=lambda msg: None, threads=THREADS)
             "build": result["version"] + ("t" if result["free_threaded_build"] else ""),
             "free_threaded_build": result["free_threaded_build"],
             "gil": result["gil"],
+            "max_inflight": result["max_inflight"],
             "per_task": {key: t / TASKS for key, t in med.items()},
             "two_vs_one": {kind: med[kind + "-1"] / med[kind + "-2"] for kind in ("submit", "post")},
             "switches": switches,
