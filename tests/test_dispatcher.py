@@ -15,6 +15,7 @@ from fastdispatch import (
     DispatcherHooks,
     DispatchInfo,
     QueueFull,
+    RetryAfter,
     SendTimeout,
     TaskDiscarded,
 )
@@ -291,6 +292,44 @@ def test_send_context_is_cancelled_at_the_deadline(make_dispatcher):
     (cancelled, remaining), woke, left = seen
     assert not cancelled and 0 < remaining <= 0.2
     assert woke is True and left == 0.0
+
+
+@pytest.mark.parametrize("parked_for", [0.2, 60.0])
+def test_a_deadline_holds_whenever_the_timer_next_wakes(make_dispatcher, parked_for):
+    # The timer sleeps until a parked chat may run again (a RetryAfter),
+    # sooner than the next task's deadline (0.2 s: the start must not wake
+    # it, and the timer must find the task when it wakes) or later (60 s: the
+    # start must wake it).  Either way the task times out, although it never
+    # returns by itself.
+    d = make_dispatcher(send_timeout=1.0)
+    attempts = []
+
+    def parks_once(sc):
+        attempts.append(sc.attempt)
+        if sc.attempt == 1:
+            raise RetryAfter(parked_for)
+        return "ran again"
+
+    parked = d.submit("parked", parks_once)
+    t0 = time.monotonic()
+    while d.stats().retried == 0:          # the chat is parked once this counts it
+        assert time.monotonic() - t0 < 10, "the RetryAfter was never taken"
+        time.sleep(0.005)
+    release = threading.Event()
+    stuck = d.submit("stuck", lambda sc: release.wait(30))
+    try:
+        with pytest.raises(SendTimeout):
+            stuck.result(10)
+    finally:
+        release.set()
+    assert d.stats().timed_out == 1
+    if parked_for < 1:
+        assert parked.result(10) == "ran again" and attempts == [1, 2]
+    else:
+        assert not parked.done() and attempts == [1]
+        d.force_close()                    # (not 60 s of waiting)
+        with pytest.raises(Cancelled):
+            parked.result(10)
 
 
 def test_no_timeout_means_no_deadline(make_dispatcher):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fastdispatch import Cancelled, DispatcherClosed
+from fastdispatch import Cancelled, DispatcherClosed, SendTimeout
 
 
 def _wait_until(predicate, timeout=10.0):
@@ -177,6 +177,57 @@ def test_force_close_cancels_running_and_waiting_and_leaves_no_future_pending(im
     s = d.stats()
     assert s.cancelled == 14 and s.completed == 0
     assert s.submitted == s.completed + s.failed + s.discarded + s.cancelled + s.timed_out
+
+
+@pytest.mark.stress
+def test_a_task_woken_by_force_close_leaves_its_future_cancelled(
+        impl, tiny_switch_interval, soak_factor):
+    # force_close() cancels running tasks that wake at once and return
+    # while it is still settling them: each Future still ends Cancelled,
+    # never with None or the task's result, however the threads interleave
+    # (force_close() once read the error back from the task after waking
+    # it, and found None there when its worker had just cleared it).
+    for _ in range(120 * soak_factor):
+        d = impl.OutboundDispatcher(max_inflight=4, send_timeout=None, idle_timeout=60)
+        started = threading.Barrier(5, timeout=10)
+
+        def task(sc):
+            started.wait()
+            sc.wait(10)                 # wakes at the cancel
+            return "returned after its cancel"
+
+        futures = [d.submit(chat, task) for chat in range(4)]
+        started.wait()
+        d.force_close()
+        for f in futures:
+            with pytest.raises(Cancelled):
+                f.result(10)
+        assert d.shutdown(timeout=10)
+        s = d.stats()
+        assert s.cancelled == 4 and s.completed == 0
+
+
+@pytest.mark.stress
+def test_a_task_ending_at_its_deadline_has_one_outcome(impl, tiny_switch_interval, soak_factor):
+    # A task that returns just as the deadline passes races the timer: its
+    # Future ends with SendTimeout or with its result, whichever claimed it
+    # first, never with None (the timer once read the error back from the
+    # task, which its worker may just have cleared).
+    timeout = 0.02
+    for n in range(60 * soak_factor):
+        d = impl.OutboundDispatcher(max_inflight=4, send_timeout=timeout, idle_timeout=60)
+        futures = [d.submit(chat, lambda sc, k=k: (time.sleep(timeout * (0.9 + 0.05 * k)), "ran")[1])
+                   for k, chat in enumerate(range(4))]
+        outcomes = []
+        for f in futures:
+            try:
+                outcomes.append(f.result(10))
+            except SendTimeout:
+                outcomes.append("timed out")
+        assert set(outcomes) <= {"ran", "timed out"}, outcomes
+        assert d.shutdown(timeout=10)
+        s = d.stats()
+        assert s.completed == outcomes.count("ran") and s.timed_out == outcomes.count("timed out")
 
 
 def test_process_exits_without_shutdown(impl):

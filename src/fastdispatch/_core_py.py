@@ -2012,7 +2012,7 @@ class DispatcherCore:
         else:
             # Timed out or force-closed meanwhile: its outcome is settled;
             # report it now that it has returned, from this thread.
-            error = self._expired_error(item)
+            error = self._expired_error(item, item._error)
             if self._on_done is not None:
                 self._report(item, error, monotonic() - item._t_start)
             elif posted and item._cancel == _BY_TIMEOUT:
@@ -2284,15 +2284,16 @@ class DispatcherCore:
                             until = item._deadline
                             break
                         expired.append(item)
-                    for item in expired:
+                    for i, item in enumerate(expired):
                         del running[item]
-                        item._error = SendTimeout()  # see _expired_error
+                        error = item._error = SendTimeout()  # see _expired_error
+                        expired[i] = (item, error)
                 if self._handoffs or self._loop_items:
                     until = min(until, self._check_loops_locked(now, revoked, dead))
             if not expired:
                 until = min(until, limiter.tick(now, ready))
-            for item in expired:
-                self._expire(item, _BY_TIMEOUT)
+            for item, error in expired:
+                self._expire(item, _BY_TIMEOUT, error)
             for q in ready:
                 self._dispatch(q)
             for q in revoked:
@@ -2338,11 +2339,13 @@ class DispatcherCore:
             self._timer_stop = True
             self._wake_timer_locked()
 
-    def _expire(self, item, reason):
+    def _expire(self, item, reason, error):
         # The task is still running (Python cannot stop a thread); we release
-        # its Future now and drop whatever it returns later.
+        # its Future now (with ``error``, the one set on the task when it
+        # was taken: not read back from the task, whose worker, woken by the
+        # cancel, clears it) and drop whatever it returns later.
         item._cancel_with(reason)
-        error = self._expired_error(item)
+        error = self._expired_error(item, error)
         outcome = "timed_out" if reason == _BY_TIMEOUT else "cancelled"
         future = item._future
         item._future = None
@@ -2358,11 +2361,11 @@ class DispatcherCore:
         # _run): a slow hook here would hold every other deadline, or
         # force_close().
 
-    def _expired_error(self, item):
-        # The error was made when the task was claimed (under _run_lock, so
+    def _expired_error(self, item, error):
+        # ``error`` was made when the task was claimed (under _run_lock, so
         # that its worker finds it); a SendTimeout gets its message here,
-        # outside any lock (the chat id's repr is user code).
-        error = item._error
+        # outside any lock (the chat id's repr is user code), by whichever of
+        # its claimer and its worker comes first.
         if isinstance(error, SendTimeout) and not error.args:
             error.args = ("chat %s: the task ran past its %ss send_timeout"
                           % (_safe_repr(item.chat_id), self._send_timeout),)
@@ -2378,10 +2381,11 @@ class DispatcherCore:
         self._closed = True
         with self._run_lock:
             self._forced = True
-            running = list(self._running)
+            running = [(item, Cancelled("the dispatcher was force-closed"))
+                       for item in self._running]
             self._running.clear()
-            for item in running:
-                item._error = Cancelled("the dispatcher was force-closed")
+            for item, error in running:
+                item._error = error
             # Chats handed to a loop that has not taken them yet: the
             # workers find them (emptied below) and let them go.
             handed = list(self._handoffs)
@@ -2389,8 +2393,8 @@ class DispatcherCore:
             dead = [item for loop, items in self._loop_items.items()
                     if loop.is_closed() for item in items]
         parked = self._limiter.cancel_all()
-        for item in running:
-            self._expire(item, _BY_FORCE)
+        for item, error in running:
+            self._expire(item, _BY_FORCE, error)
         for q in list(self._queues.values()):
             with q.lock:
                 retrying, q.retry_item = q.retry_item, None

@@ -9,9 +9,10 @@ the compiled version changes is the cost of each step:
 - queue and pool locks are ``cython.pymutex`` (a ``PyMutex`` on 3.13+), which
   release the GIL while they block and never lean on it for exclusion;
 - counters are atomic integers, so the free-threaded build needs no extra lock;
-- the ready list and the running registry are intrusive linked lists through
-  the ``ChatQueue`` and ``SendContext`` objects themselves: no allocation
-  and O(1) unlink;
+- the ready list, and the running registry of coroutine tasks, are intrusive
+  linked lists through the ``ChatQueue`` and ``SendContext`` objects
+  themselves: no allocation and O(1) unlink; a worker's running task is one
+  field of its own ``_Runner``, under a lock no other worker takes;
 - a rate-limit window is a C ring of doubles, a learned budget a few C
   fields, and a dispatcher without pacing (and without a report) pays for
   pacing with one test of three C fields per task.
@@ -151,6 +152,16 @@ cdef enum:
     _ASYNC = 5
 
 cdef double _INF = float("inf")
+
+
+cdef inline long long _ns(double t) noexcept nogil:
+    # A monotonic time in whole nanoseconds, at least 1 (so that 0 can mean
+    # "none"); times past 2**62 ns (146 years) are all that.
+    if t >= 4611686018.0:
+        return 1LL << 62
+    if t < 1e-9:
+        return 1
+    return <long long>(t * 1e9)
 # What _next_paced returns besides a task: parked, or look again, or the
 # chat's next task runs elsewhere (ChatQueue._elsewhere says where).
 cdef object _PARKED_CHAT = object()
@@ -472,6 +483,7 @@ cdef class _Stripe
 cdef class _Window
 cdef class _Bucket
 cdef class _Limiter
+cdef class _Runner
 cdef class DispatcherCore
 
 
@@ -659,7 +671,8 @@ cdef class SendContext:
     cdef Py_ssize_t _queue_len
     cdef int _attempt
     cdef object _error          # set when the deadline or force_close() claims it
-    # Running-registry links; guarded by DispatcherCore._run_lock.
+    # A running coroutine task's links in the running list (thread tasks
+    # are in their worker's _Runner); guarded by DispatcherCore._run_lock.
     cdef SendContext _prev
     cdef SendContext _next
     cdef bint _registered
@@ -1795,6 +1808,25 @@ cdef class _Limiter:
                     "links": len(self._links), "bucket_heap": len(self._bucket_heap)}
 
 
+cdef class _Runner:
+    """One worker thread's place in the running registry: the task it runs.
+
+    A worker runs one thread task at a time, so its registry entry is one
+    field under a lock of its own.  A start and an end write only here:
+    no lock, list or neighbouring task that other workers write.  (With
+    one list for all, every start and end wrote the previous task's links,
+    an object another worker had just written, and took a lock every
+    worker takes: about 15 % of a ``post`` on free-threaded CPython, see
+    docs/performance.md.)  The timer and force_close() take the lock only
+    when they look, which is seldom.  Made by its worker, so on
+    free-threaded CPython its reference count stays that thread's.
+    """
+
+    cdef cython.pymutex lock    # guards item
+    cdef SendContext item       # the task its worker runs, or None: whoever
+                                # takes it out (to None) owns its outcome
+
+
 cdef class DispatcherCore:
     """The per-chat queues, the worker loop and the deadline loop.
 
@@ -1831,7 +1863,12 @@ cdef class DispatcherCore:
     cdef Py_ssize_t _threads
     cdef bint _searching              # a worker is on its way to the ready list
     cdef bint _stopping
-    # running tasks, oldest first (the deadline schedule); guarded by _run_lock
+    # Running tasks, where the timer (deadlines) and force_close() find
+    # them: a thread task in its worker's _Runner (_runners: _pool_lock),
+    # a coroutine task in the running list, oldest first (the deadline
+    # schedule of coroutine tasks); the list and the timer's state are
+    # guarded by _run_lock.
+    cdef list _runners
     cdef cython.pymutex _run_lock
     cdef SendContext _run_head
     cdef SendContext _run_tail
@@ -1840,6 +1877,11 @@ cdef class DispatcherCore:
     cdef bint _timer_started
     cdef bint _timer_stop
     cdef double _timer_until          # when the sleeping timer wakes by itself
+    # Atomic, written with _timer_until: that time in nanoseconds while
+    # the timer sleeps until it, else 0.  A worker's start whose deadline
+    # is no earlier needs nothing from the timer: it looks at every
+    # runner when it wakes (see _register).
+    cdef long long _timer_by
     # The earliest need that arrived while the timer was awake (it looks at
     # the limiter outside _run_lock): seen when it decides to sleep.
     cdef double _timer_next
@@ -1866,6 +1908,7 @@ cdef class DispatcherCore:
     def __cinit__(self, *args, **kwargs):
         self._stripes = [_Stripe() for _ in range(FD_STRIPES)]
         self._idle = []
+        self._runners = []
         self._timer_wake = _Wake()
         self._on_queued = self._on_start = self._on_done = None
         self._on_rejected = self._on_retry = self._recover = None
@@ -2188,13 +2231,20 @@ cdef class DispatcherCore:
         """Body of one worker thread: take a ready chat, drain it, repeat."""
         cdef ChatQueue q
         cdef bint searching = True  # a new worker was started as the searcher
+        cdef _Runner runner = _Runner()
         wake = _Wake()
-        while True:
-            q = self._next_chat(wake, searching)
-            if q is None:
-                return
-            self._drain_chat(q, None)
-            searching = False
+        with self._pool_lock:
+            self._runners.append(runner)
+        try:
+            while True:
+                q = self._next_chat(wake, searching)
+                if q is None:
+                    return
+                self._drain_chat(q, None, runner)
+                searching = False
+        finally:
+            with self._pool_lock:
+                self._runners.remove(runner)
 
     cdef ChatQueue _next_chat(self, object wake, bint searching):
         # Return the next ready chat, or None when this worker should exit
@@ -2236,9 +2286,10 @@ cdef class DispatcherCore:
             _sleep(wake, None)
             searching = True
 
-    cdef int _drain_chat(self, ChatQueue q, object here) except -1:
-        # Run the chat's tasks that belong here (on a worker, ``here`` None:
-        # thread tasks; on an event loop: that loop's coroutine tasks) until
+    cdef int _drain_chat(self, ChatQueue q, object here, _Runner runner) except -1:
+        # Run the chat's tasks that belong here (on a worker, ``here`` None
+        # and ``runner`` its own: thread tasks; on an event loop, ``runner``
+        # None: that loop's coroutine tasks) until
         # the chat is empty, parked, handed to where its next task runs, or
         # left to a coroutine task whose end will go on with it.
         cdef SendContext item
@@ -2277,7 +2328,7 @@ cdef class DispatcherCore:
                 continue
             item = <SendContext>found
             if here is None:
-                ran = self._run(item, q)
+                ran = self._run(item, q, runner)
             else:
                 ran = self._start_async(item, q, here)
                 if ran == _ASYNC:
@@ -2355,7 +2406,7 @@ cdef class DispatcherCore:
         with self._run_lock:
             mine = self._handoffs.pop(q, None) is not None
         if mine:
-            self._drain_chat(q, _running_loop())
+            self._drain_chat(q, _running_loop(), None)
 
     cdef int _drop_dead_head(self, ChatQueue q, object loop) except -1:
         # The loop the chat's next task belongs to is closed, or stopped
@@ -2433,7 +2484,7 @@ cdef class DispatcherCore:
             else:
                 self._settle_started(item, error, C_CANCELLED)
             return _DONE
-        if not self._begin(item, q):
+        if not self._begin(item, q, None):
             return _DONE
         try:
             result = item._fn(item)
@@ -2462,7 +2513,7 @@ cdef class DispatcherCore:
                 if item._attempt == 1:
                     future.add_done_callback(functools.partial(self._caller_done, item))
                 return _ASYNC
-        return self._end(item, q, result, error, panic, False, False)
+        return self._end(item, q, result, error, panic, False, False, None)
 
     def _caller_done(self, SendContext item, future):
         # On the loop: the Future asubmit awaits is done.  If the caller
@@ -2503,10 +2554,10 @@ cdef class DispatcherCore:
                 result = aio.result()
             elif not isinstance(error, Exception):
                 panic = error
-        ran = self._end(item, q, result, error, panic, cancelled, False)
+        ran = self._end(item, q, result, error, panic, cancelled, False, None)
         self._release_slot()
         if ran != _PANICKED:
-            self._drain_chat(q, loop)
+            self._drain_chat(q, loop, None)
 
     cdef int _end_on_closed_loop(self, SendContext item) except -1:
         # The loop of a running coroutine task is closed: its awaitable will
@@ -2516,7 +2567,7 @@ cdef class DispatcherCore:
         if q is None:
             return 0
         item._aio = None
-        ran = self._end(item, q, None, None, None, True, False)
+        ran = self._end(item, q, None, None, None, True, False, None)
         self._release_slot()
         if ran != _PANICKED:
             self._dispatch(q)
@@ -2638,8 +2689,9 @@ cdef class DispatcherCore:
                     queues.clear()
         return 0
 
-    cdef int _run(self, SendContext item, ChatQueue q) except -1:
-        """Run one attempt of a thread task: _DONE, _PANICKED or _RETRYING."""
+    cdef int _run(self, SendContext item, ChatQueue q, _Runner runner) except -1:
+        """Run one attempt of a thread task on ``runner``'s worker: _DONE,
+        _PANICKED or _RETRYING."""
         cdef object future = item._future
         cdef object result = None
         cdef object error = None
@@ -2661,7 +2713,7 @@ cdef class DispatcherCore:
                 self._limiter.release(q)
             self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
             return _DONE
-        if not self._begin(item, q):
+        if not self._begin(item, q, runner):
             return _DONE
         try:
             result = item._fn(item)
@@ -2671,11 +2723,12 @@ cdef class DispatcherCore:
             error = panic = exc
         if error is None and result is not None and _is_awaitable(result):
             error = _awaitable_error(item, result)
-        return self._end(item, q, result, error, panic, False, future is None)
+        return self._end(item, q, result, error, panic, False, future is None, runner)
 
-    cdef bint _begin(self, SendContext item, ChatQueue q) except -1:
-        # The start of an attempt, right before its call (on its worker, or
-        # on its loop for a coroutine task): on_start, the start counted
+    cdef bint _begin(self, SendContext item, ChatQueue q, _Runner runner) except -1:
+        # The start of an attempt, right before its call (on its worker,
+        # ``runner`` its own, or on its loop for a coroutine task, ``runner``
+        # None): on_start, the start counted
         # (after on_start, so a slow hook cannot squeeze two calls closer
         # than a window allows), the deadline, the running registry.  False
         # when force_close() came first (the task was settled, never runs).
@@ -2692,7 +2745,7 @@ cdef class DispatcherCore:
         if self._has_timeout:
             item._deadline = item._t_start + self._send_timeout
             item._has_deadline = True
-        if not self._register(item):
+        if not self._register(item, runner):
             # force_close() ran since this task left its queue: it never starts.
             self._settle_started(item, Cancelled("the dispatcher was force-closed"),
                                  C_CANCELLED)
@@ -2700,11 +2753,12 @@ cdef class DispatcherCore:
         return True
 
     cdef int _end(self, SendContext item, ChatQueue q, object result, object error,
-                  object panic, bint cancelled, bint posted) except -1:
+                  object panic, bint cancelled, bint posted, _Runner runner) except -1:
         # The end of an attempt: its outcome (unless the deadline or
         # force_close() claimed it first), a retry, or a panic of its chat.
         # ``cancelled``: a coroutine task's awaitable was cancelled;
-        # ``posted``: a task given to post() (no Future).
+        # ``posted``: a task given to post() (no Future); ``runner``: as
+        # given to _begin.
         cdef int verdict
         cdef list waiting = None
         if panic is not None:
@@ -2714,7 +2768,7 @@ cdef class DispatcherCore:
             waiting = self._close_panicked(q)
         # Whoever takes the task out of the running registry owns its
         # outcome: us, or the timer (deadline) or force_close().
-        if self._unregister(item):
+        if self._unregister(item, runner):
             if cancelled:
                 self._resolve(item, None, Cancelled("the coroutine task was cancelled"),
                               C_CANCELLED)
@@ -2741,8 +2795,10 @@ cdef class DispatcherCore:
                 self._resolve(item, result, None, C_COMPLETED)
         else:
             # Timed out or force-closed meanwhile: its outcome is settled;
-            # report it now that it has returned, from this thread.
-            error = self._expired_error(item)
+            # report it now that it has returned, from this thread.  Its
+            # error was complete before it was set (see _take_from_runners)
+            # and whoever claimed it no longer reads the field.
+            error = item._error
             if self._on_done is not None:
                 self._report(item, error, <double>monotonic() - item._t_start)
             elif posted and FD_LOAD(&item._cancel) == _BY_TIMEOUT:
@@ -2933,9 +2989,25 @@ cdef class DispatcherCore:
 
     # -------------------------------------------------- running tasks, deadlines
 
-    cdef bint _register(self, SendContext item) except -1:
-        # Enter a starting task in the running registry; False, registering
-        # nothing, once force_close() has begun (then the task must not start).
+    cdef bint _register(self, SendContext item, _Runner runner) except -1:
+        # Enter a starting task in the running registry (its worker's
+        # runner, or for a coroutine task the running list); False,
+        # registering nothing, once force_close() has begun (then the task
+        # must not start).
+        if runner is not None:
+            with runner.lock:
+                # force_close() stores _forced, then looks at every runner
+                # under its lock: it finds this task, or this finds _forced.
+                if FD_LOAD(&self._forced):
+                    return False
+                runner.item = item
+            # The timer looks at every runner each time it wakes, and it
+            # stores _timer_by (0) before it looks: if it still promises to
+            # wake by this deadline, it will see this task by then.
+            if item._has_deadline and not (
+                    0 < FD_LOAD(&self._timer_by) <= _ns(item._deadline)):
+                self._timer_needed(item._deadline)
+            return True
         with self._run_lock:
             if FD_LOAD(&self._forced):
                 return False
@@ -2993,30 +3065,101 @@ cdef class DispatcherCore:
         item._prev = item._next = None
         item._registered = False
 
-    cdef bint _unregister(self, SendContext item):
+    cdef bint _unregister(self, SendContext item, _Runner runner):
         # True if this call took the task out (its outcome is ours).
         cdef bint ours
+        if runner is not None:
+            with runner.lock:
+                ours = runner.item is item
+                if ours:
+                    runner.item = None
+            return ours
         with self._run_lock:
             ours = item._registered
             if ours:
                 self._unlink_locked(item)
         return ours
 
+    cdef inline void _set_timer_until_locked(self, double until):
+        # With _run_lock held: when the timer wakes by itself (_INF: it is
+        # awake, or sleeps with nothing to wait for).
+        self._timer_until = until
+        FD_STORE(&self._timer_by, _ns(until) if until != _INF else 0)
+
     cdef int _wake_timer_locked(self) except -1:
         # Wake the timer once per sleep (with _run_lock held):
         # the state flag makes sure it never gets two tokens.
         if self._timer_state != _AWAKE:
             self._timer_state = _AWAKE
-            self._timer_until = _INF
+            self._set_timer_until_locked(_INF)
             self._timer_wake.put(None)
+        return 0
+
+    cdef object _timeout_error(self, SendContext item):
+        # A task's SendTimeout, its message made before anyone else sees
+        # it, outside any lock: the chat id's repr is user code.
+        return SendTimeout("chat %s: the task ran past its %ss send_timeout"
+                           % (_safe_repr(item.chat_id), self._send_timeout))
+
+    cdef double _take_from_runners(self, double now, bint forced, list taken) except? -1.0:
+        # Take the workers' tasks out of their runners, into ``taken`` as
+        # (task, error) pairs: those past their deadline (the timer), or
+        # all of them (``forced``: force_close()).  Returns the earliest
+        # deadline of those left.  Each error is made first, outside the
+        # runner's lock (user code: the chat id's repr; a finalizer that an
+        # allocation may run), and set on its task as it is taken: its
+        # worker, once it finds the task taken, reads it from there; the
+        # taker uses its own reference and never reads the field again.
+        cdef double until = _INF
+        cdef _Runner runner
+        cdef SendContext item
+        cdef bint took
+        with self._pool_lock:
+            runners = list(self._runners)
+        for r in runners:
+            runner = <_Runner>r
+            with runner.lock:
+                item = runner.item
+                if item is not None and not forced and item._deadline > now:
+                    if item._deadline < until:
+                        until = item._deadline
+                    item = None
+            if item is None:
+                continue
+            pair = (item, Cancelled("the dispatcher was force-closed") if forced
+                    else self._timeout_error(item))
+            with runner.lock:
+                took = runner.item is item  # (else it ended meanwhile)
+                if took:
+                    runner.item = None
+                    item._error = (<tuple>pair)[1]
+            if took:
+                taken.append(pair)
+        return until
+
+    cdef int _claim_overdue(self, list overdue, list expired) except -1:
+        # The timer: take the coroutine tasks ``overdue`` (past their deadline
+        # when it looked) out of the running list, into ``expired`` as
+        # (task, error) pairs, unless they ended since; as in
+        # _take_from_runners, each error is made first, outside the lock.
+        cdef SendContext item
+        pairs = [(item, self._timeout_error(item)) for item in overdue]
+        with self._run_lock:
+            for pair in pairs:
+                item = <SendContext>(<tuple>pair)[0]
+                if item._registered:
+                    self._unlink_locked(item)
+                    item._error = (<tuple>pair)[1]
+                    expired.append(pair)
         return 0
 
     def _timer_main(self):
         """Body of the timer thread: deadlines, parked chats, the global line.
 
-        Deadlines: the registry is ordered by start time and every task gets
-        the same send_timeout, so it is also ordered by deadline: the timer
-        only ever looks at its head.  Pacing (parked chats, the global line,
+        Deadlines: every task gets the same send_timeout.  A worker's task
+        is in its runner: the timer looks at each one.  The list of running
+        coroutine tasks is ordered by start time, so also by deadline: the
+        timer only ever looks at its head.  Pacing (parked chats, the global line,
         windows to forget) is the limiter's ``tick``, run outside _run_lock.
         A need that arrives meanwhile (a deadline registered, a chat parked,
         a start made) is kept in _timer_next, which the timer reads when it
@@ -3035,6 +3178,7 @@ cdef class DispatcherCore:
         cdef bint stop, retry, due
         cdef _Limiter limiter = self._limiter
         while True:
+            overdue = []
             expired = []
             ready = []
             revoked = []
@@ -3046,22 +3190,24 @@ cdef class DispatcherCore:
                     now = monotonic()
                     until = _INF
                     if self._has_timeout:
-                        while self._run_head is not None:
-                            item = self._run_head
-                            if item._deadline > now:
-                                until = item._deadline
-                                break
-                            self._unlink_locked(item)
-                            item._error = SendTimeout()  # see _expired_error
-                            expired.append(item)
+                        item = self._run_head
+                        while item is not None and item._deadline <= now:
+                            overdue.append(item)
+                            item = item._next
+                        if item is not None:
+                            until = item._deadline
                     if self._handoffs or self._loop_items:
                         until = min(until, self._check_loops_locked(now, revoked, dead))
             if stop:
                 return
+            if overdue:
+                self._claim_overdue(overdue, expired)
+            if self._has_timeout:
+                until = min(until, self._take_from_runners(now, False, expired))
             if not expired:
                 until = min(until, limiter.tick(now, ready))
-            for item in expired:
-                self._expire(item, _BY_TIMEOUT)
+            for pair in expired:
+                self._expire(<SendContext>(<tuple>pair)[0], _BY_TIMEOUT, (<tuple>pair)[1])
             for q in ready:
                 self._dispatch(<ChatQueue>q)
             for q in revoked:
@@ -3079,7 +3225,7 @@ cdef class DispatcherCore:
                 if not stop and not due:
                     # About to sleep (only then: a waker releases the wake
                     # lock once per sleep, as the state says).
-                    self._timer_until = until
+                    self._set_timer_until_locked(until)
                     self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
             if stop:
                 return
@@ -3108,7 +3254,7 @@ cdef class DispatcherCore:
                 retry = self._timer_state != _AWAKE
                 if retry:
                     self._timer_state = _AWAKE
-                    self._timer_until = _INF
+                    self._set_timer_until_locked(_INF)
             if stop:
                 return
             if not retry:
@@ -3120,12 +3266,12 @@ cdef class DispatcherCore:
             self._timer_stop = True
             self._wake_timer_locked()
 
-    cdef int _expire(self, SendContext item, long long reason) except -1:
+    cdef int _expire(self, SendContext item, long long reason, object error) except -1:
         # The task is still running (Python cannot stop a thread); we release
-        # its Future now and drop whatever it returns later.
+        # its Future now (with ``error``, the one set on the task when it
+        # was taken) and drop whatever it returns later.
         cdef int outcome = C_TIMED_OUT if reason == _BY_TIMEOUT else C_CANCELLED
         item._cancel_with(reason)
-        error = self._expired_error(item)
         future = item._future
         item._future = None
         FD_ADD(&self._counts[outcome], 1)
@@ -3141,16 +3287,6 @@ cdef class DispatcherCore:
         # force_close().
         return 0
 
-    cdef object _expired_error(self, SendContext item):
-        # The error was made when the task was claimed (under _run_lock, so
-        # that its worker finds it); a SendTimeout gets its message here,
-        # outside any lock (the chat id's repr is user code).
-        error = item._error
-        if isinstance(error, SendTimeout) and not error.args:
-            error.args = ("chat %s: the task ran past its %ss send_timeout"
-                          % (_safe_repr(item.chat_id), self._send_timeout),)
-        return error
-
     # ---------------------------------------------------------------- lifecycle
 
     def _close(self):
@@ -3158,7 +3294,7 @@ cdef class DispatcherCore:
 
     def _cancel_everything(self):
         """force_close(): cancel running, retrying, parked and waiting tasks."""
-        cdef list running = []
+        cdef list running = []         # (task, error) pairs
         cdef list parked
         cdef list waiting
         cdef list handed
@@ -3171,17 +3307,20 @@ cdef class DispatcherCore:
             while self._run_head is not None:
                 item = self._run_head
                 self._unlink_locked(item)
-                item._error = Cancelled("the dispatcher was force-closed")
-                running.append(item)
+                pair = (item, Cancelled("the dispatcher was force-closed"))
+                item._error = (<tuple>pair)[1]
+                running.append(pair)
             # Chats handed to a loop that has not taken them yet: the
             # workers find them (emptied below) and let them go.
             handed = list(self._handoffs)
             self._handoffs.clear()
             dead = [item for loop, items in self._loop_items.items()
                     if loop.is_closed() for item in items]
+        # The workers' tasks (a start from now on sees _forced: _register).
+        self._take_from_runners(0.0, True, running)
         parked = self._limiter.cancel_all()
-        for item in running:
-            self._expire(item, _BY_FORCE)
+        for pair in running:
+            self._expire(<SendContext>(<tuple>pair)[0], _BY_FORCE, (<tuple>pair)[1])
         waiting_chats = []
         for stripe in self._stripes:
             # (a copy taken in one step: workers remove chats meanwhile)
