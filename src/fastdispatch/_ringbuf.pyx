@@ -17,12 +17,14 @@ the compiled version changes is the cost of each step:
   fields, and a dispatcher without pacing (and without a report) pays for
   pacing with one test of three C fields per task.
 
-On free-threaded CPython two more things keep threads from meeting where
+On free-threaded CPython three more things keep threads from meeting where
 they need not (``docs/performance.md``, "Free-threaded CPython", has the
 measurements): the chat map is cut in 64 parts (``_Stripe``), each with its
-own dict and lock, and an idle worker, or the timer, sleeps on a
+own dict and lock; an idle worker, or the timer, sleeps on a
 ``SimpleQueue`` (``_sleep``), not on a held ``Lock`` that would spin before
-it sleeps.  On a GIL build the map has one part.
+it sleeps; and a held lock of this module is spun for briefly before
+CPython's own ``PyMutex_Lock`` yields the CPU (``fd_mutex_lock``).  On a GIL
+build the map has one part.
 
 Nothing here relies on the GIL for mutual exclusion: every shared field is
 either read and written under the lock that owns it (see the comment on each
@@ -98,6 +100,52 @@ cdef extern from *:
     """
     const Py_ssize_t FD_STRIPES
     const int FD_STRIPE_BITS
+
+cdef extern from *:
+    """
+    /* Free-threaded CPython: every PyMutex of this module (its cython.pymutex
+       locks) is taken with a short spin first.  CPython's own PyMutex_Lock
+       calls sched_yield() at once when the mutex is held, up to 40 times,
+       then parks: with more runnable threads than cores every yield is a
+       switch to another thread, for a lock that its holder, running on the
+       other core, gives back within tens of nanoseconds (each critical
+       section here is a few pointer writes).  FD_SPINS pause-spins hand it
+       over without a system call; a holder that is not running makes this
+       fall back to CPython's lock.  See docs/performance.md. */
+    #if defined(Py_GIL_DISABLED)
+      #ifndef FD_SPINS
+        #define FD_SPINS 64
+      #endif
+      #if defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+        #include <intrin.h>
+        #define FD_PAUSE() _mm_pause()
+      #elif defined(_MSC_VER) && defined(_M_ARM64)
+        #include <intrin.h>
+        #define FD_PAUSE() __yield()
+      #elif defined(__x86_64__) || defined(__i386__)
+        #define FD_PAUSE() __builtin_ia32_pause()
+      #elif defined(__aarch64__) || defined(__arm__)
+        #define FD_PAUSE() __asm__ __volatile__("yield" ::: "memory")
+      #else
+        #define FD_PAUSE() ((void)0)
+      #endif
+      static void fd_mutex_lock_parking(PyMutex *m) { PyMutex_Lock(m); }
+      static void fd_mutex_lock(PyMutex *m) {
+          uint8_t v = _Py_atomic_load_uint8_relaxed(&m->_bits);
+          for (int i = 0; i <= FD_SPINS; i++) {
+              /* bit 0: locked; bit 1: threads parked (kept as it is) */
+              if ((v & 1) == 0 &&
+                      _Py_atomic_compare_exchange_uint8(&m->_bits, &v, (uint8_t)(v | 1)))
+                  return;
+              FD_PAUSE();
+              v = _Py_atomic_load_uint8_relaxed(&m->_bits);
+          }
+          fd_mutex_lock_parking(m);
+      }
+      #undef PyMutex_Lock
+      #define PyMutex_Lock fd_mutex_lock
+    #endif
+    """
 
 logger = logging.getLogger("fastdispatch")
 
