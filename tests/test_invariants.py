@@ -149,6 +149,88 @@ def test_idle_chats_cost_nothing_after_work_is_done(make_dispatcher):
     assert d.queue_len(7) == 0
 
 
+class _Chat:
+    """A chat id that can be watched for collection (hashes as its number)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __hash__(self):
+        return self.n
+
+    def __eq__(self, other):
+        return isinstance(other, _Chat) and other.n == self.n
+
+
+class _Result:
+    pass
+
+
+def test_nothing_given_to_the_dispatcher_outlives_the_work(
+        make_dispatcher, tiny_switch_interval, soak_factor):
+    # Every object a producer hands over (chat id, task, Future, result) is
+    # let go once the work is done and the workers are idle.  On
+    # free-threaded CPython the compiled core's workers give finished tasks
+    # and Futures back to their producer's thread in blocks (see fd_back):
+    # this fails if a block is never dropped.  Several producers, forced
+    # switches, submit and post mixed.
+    import gc
+    import weakref
+
+    count = 300 * soak_factor
+    d = make_dispatcher(max_inflight=4, queue_size=count)
+    refs = []
+    lock = threading.Lock()
+    errors = []
+
+    def produce(k):
+        try:
+            feed(k)
+        except BaseException as exc:  # reported below: the test fails
+            errors.append(exc)
+
+    def feed(k):
+        chats = [_Chat(k * 1000 + i) for i in range(7)]
+        futures = []
+        for seq in range(count):
+            chat = chats[seq % len(chats)]
+            result = _Result()
+
+            def task(sc, result=result):
+                return result
+
+            with lock:
+                refs.extend((weakref.ref(task), weakref.ref(result)))
+            if seq % 3 == 0:
+                d.post(chat, task)
+            else:
+                future = d.submit(chat, task)
+                with lock:
+                    refs.append(weakref.ref(future))
+                futures.append(future)
+        for future in futures:
+            assert isinstance(future.result(60), _Result)
+        with lock:
+            refs.extend(weakref.ref(chat) for chat in chats)
+
+    threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert d.drain(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        gc.collect()
+        alive = sum(1 for r in refs if r() is not None)
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert alive == 0, "%d of %d objects are still referenced after the work" % (alive, len(refs))
+    d.close()
+
+
 def test_chat_queue_exists_exactly_while_it_has_work(make_dispatcher):
     d = make_dispatcher()
     gate = threading.Event()

@@ -1519,6 +1519,7 @@ class DispatcherCore:
             if q is None:
                 return
             self._drain_chat(q)
+            q = None  # an idle worker keeps nothing of the chats it ran
             searching = False
 
     def _next_chat(self, wake, searching):
@@ -2302,6 +2303,7 @@ class DispatcherCore:
                 self._end_on_closed_loop(item)
             if expired or ready or revoked or dead:
                 continue
+            item = q = None  # asleep, it keeps nothing of the tasks it looked at
             with self._run_lock:
                 if self._timer_stop:
                     return

@@ -2289,6 +2289,7 @@ cdef class DispatcherCore:
                 if q is None:
                     return
                 self._drain_chat(q, None, runner)
+                q = None  # an idle worker keeps nothing of the chats it ran
                 searching = False
         finally:
             with self._pool_lock:
