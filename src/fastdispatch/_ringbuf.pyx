@@ -147,6 +147,91 @@ cdef extern from *:
     #endif
     """
 
+cdef extern from *:
+    """
+    /* Free-threaded CPython: objects a worker gives back to the thread that
+       made them.  CPython counts the references an object's creating
+       thread holds apart from the others' (biased reference counting); a
+       worker dropping the last reference to a producer's object (a task's
+       SendContext, its Future) queues that object to the producer's thread
+       under a mutex per creating thread, which the producer then merges:
+       with several workers that mutex is where they meet.  Instead, the
+       worker takes a reference of its own to such an object before it
+       drops its last one (so its drop never queues), keeps it in a block
+       of its own (FD_BACK_SLOTS per block, no atomics), and publishes the
+       full block on one lock-free stack of the core (one compare-and-swap
+       per block); the next submit or post takes the whole stack (one
+       exchange) and drops each object as its owner, without a queue.  See
+       docs/performance.md.  On a GIL build all of it compiles away. */
+    #ifndef FD_BACK_SLOTS
+      #define FD_BACK_SLOTS 30
+    #endif
+    typedef struct fd_back {
+        struct fd_back *next;
+        int n;
+        PyObject *objs[FD_BACK_SLOTS];
+    } fd_back;
+    #if defined(Py_GIL_DISABLED)
+      #define FD_HANDBACK 1
+      /* Keep a new reference to ``o`` in ``*cur`` (allocating a block when
+         there is none).  0: not kept (this thread owns ``o``, or nobody
+         does, or no memory: dropping it here queues nothing, or the usual
+         way); 1: kept; 2: kept and the block is full (publish it). */
+      static int fd_back_keep(fd_back **cur, PyObject *o) {
+          uintptr_t tid = _Py_atomic_load_uintptr_relaxed(&o->ob_tid);
+          fd_back *b = *cur;
+          if (tid == 0 || tid == _Py_ThreadId())
+              return 0;
+          if (b == NULL) {
+              b = (fd_back *)PyMem_RawMalloc(sizeof(fd_back));
+              if (b == NULL)
+                  return 0;
+              b->next = NULL;
+              b->n = 0;
+              *cur = b;
+          }
+          Py_INCREF(o);
+          b->objs[b->n++] = o;
+          return b->n == FD_BACK_SLOTS ? 2 : 1;
+      }
+      static void fd_back_publish(fd_back **head, fd_back *b) {
+          fd_back *old = (fd_back *)_Py_atomic_load_ptr_relaxed(head);
+          do {
+              b->next = old;
+          } while (!_Py_atomic_compare_exchange_ptr(head, &old, b));
+      }
+      static int fd_back_waiting(fd_back **head) {
+          return _Py_atomic_load_ptr_relaxed(head) != NULL;
+      }
+      static fd_back *fd_back_take(fd_back **head) {
+          return (fd_back *)_Py_atomic_exchange_ptr(head, NULL);
+      }
+    #else
+      #define FD_HANDBACK 0
+      static int fd_back_keep(fd_back **cur, PyObject *o) { return 0; }
+      static void fd_back_publish(fd_back **head, fd_back *b) { }
+      static int fd_back_waiting(fd_back **head) { return 0; }
+      static fd_back *fd_back_take(fd_back **head) { return NULL; }
+    #endif
+    /* Drop every object of a chain of blocks, and the blocks. */
+    static void fd_back_drop(fd_back *b) {
+        while (b != NULL) {
+            fd_back *next = b->next;
+            for (int i = 0; i < b->n; i++)
+                Py_DECREF(b->objs[i]);
+            PyMem_RawFree(b);
+            b = next;
+        }
+    }
+    """
+    ctypedef struct fd_back
+    const bint FD_HANDBACK
+    int fd_back_keep(fd_back **cur, object o)
+    void fd_back_publish(fd_back **head, fd_back *b)
+    bint fd_back_waiting(fd_back **head)
+    fd_back *fd_back_take(fd_back **head)
+    void fd_back_drop(fd_back *b)
+
 logger = logging.getLogger("fastdispatch")
 
 cdef object _allocate_lock = threading.Lock
@@ -1873,6 +1958,9 @@ cdef class _Runner:
     cdef cython.pymutex lock    # guards item
     cdef SendContext item       # the task its worker runs, or None: whoever
                                 # takes it out (to None) owns its outcome
+    cdef fd_back *back          # objects its worker gives back, not yet
+                                # published (free-threaded builds; its
+                                # worker's alone: no lock)
 
 
 cdef class DispatcherCore:
@@ -1952,6 +2040,10 @@ cdef class DispatcherCore:
     cdef long long _rejected
     cdef long long _retried
     cdef long long _counts[5]
+    # Objects the workers give back to their creating threads, in blocks
+    # (free-threaded builds, see fd_back): a lock-free stack, pushed by a
+    # worker per full block, taken whole by submit and post.
+    cdef fd_back *_back
 
     def __cinit__(self, *args, **kwargs):
         self._stripes = [_Stripe() for _ in range(FD_STRIPES)]
@@ -2074,6 +2166,8 @@ cdef class DispatcherCore:
         cdef dict queues
         if chat_id is None:
             raise TypeError("chat_id must not be None")
+        if FD_HANDBACK:
+            self._take_back()
         key = _chat_key(chat_id)
         stripe = self._stripe_for(key)
         queues = stripe.queues
@@ -2270,7 +2364,40 @@ cdef class DispatcherCore:
     cdef int _maybe_drained(self) except -1:
         if (FD_LOAD(&self._drain_waiters) and not FD_LOAD(&self._pending)
                 and not FD_LOAD(&self._chats) and not FD_LOAD(&self._inflight)):
+            if FD_HANDBACK:
+                self._take_back()
             self._notify_drained()
+        return 0
+
+    # ------------------------------------------ giving objects back (see fd_back)
+
+    def __dealloc__(self):
+        fd_back_drop(fd_back_take(&self._back))
+
+    cdef inline int _keep(self, _Runner runner, object o) except -1:
+        # On ``runner``'s worker, before it drops its last reference to
+        # ``o``: keep one to give back to ``o``'s creating thread.
+        if o is not None and fd_back_keep(&runner.back, o) == 2:
+            fd_back_publish(&self._back, runner.back)
+            runner.back = NULL
+        return 0
+
+    cdef int _flush(self, _Runner runner) except -1:
+        # The worker goes idle (or exits): publish its partial block.  Nothing
+        # pending: no submit may come to take the stack, so take it here
+        # (dropping those objects queues them to their creators, as without
+        # the hand-back; one publishing after this sees the count too).
+        if runner.back != NULL:
+            fd_back_publish(&self._back, runner.back)
+            runner.back = NULL
+        if not FD_LOAD(&self._pending):
+            self._take_back()
+        return 0
+
+    cdef inline int _take_back(self) except -1:
+        # Drop everything given back (on a producer: as the objects' owner).
+        if fd_back_waiting(&self._back):
+            fd_back_drop(fd_back_take(&self._back))
         return 0
 
     # ----------------------------------------------------------------- workers
@@ -2285,7 +2412,7 @@ cdef class DispatcherCore:
             self._runners.append(runner)
         try:
             while True:
-                q = self._next_chat(wake, searching)
+                q = self._next_chat(wake, searching, runner)
                 if q is None:
                     return
                 self._drain_chat(q, None, runner)
@@ -2294,8 +2421,10 @@ cdef class DispatcherCore:
         finally:
             with self._pool_lock:
                 self._runners.remove(runner)
+            if FD_HANDBACK:
+                self._flush(runner)
 
-    cdef ChatQueue _next_chat(self, object wake, bint searching):
+    cdef ChatQueue _next_chat(self, object wake, bint searching, _Runner runner):
         # Return the next ready chat, or None when this worker should exit
         # (idle for idle_timeout, or the dispatcher is stopping).
         # ``searching``: this worker was woken (or started) as the searcher.
@@ -2321,6 +2450,8 @@ cdef class DispatcherCore:
             if q is not None:
                 self._send_searcher(searcher)
                 return q
+            if FD_HANDBACK:
+                self._flush(runner)
             if _sleep(wake, self._idle_timeout):
                 searching = True
                 continue
@@ -2358,6 +2489,8 @@ cdef class DispatcherCore:
                         # its lock is held, so a submitter's re-check cannot
                         # miss it.
                         q._running = False
+                        if FD_HANDBACK and runner is not None:
+                            self._keep(runner, q)   # before the map drops it
                         self._remove_locked(q)
             if found is None or found is _PARKED_CHAT or found is _AGAIN or found is _ELSEWHERE:
                 self._release_slot()
@@ -2378,6 +2511,8 @@ cdef class DispatcherCore:
             item = <SendContext>found
             if here is None:
                 ran = self._run(item, q, runner)
+                if FD_HANDBACK and ran != _RETRYING:
+                    self._keep(runner, item)
             else:
                 ran = self._start_async(item, q, here)
                 if ran == _ASYNC:
@@ -2818,6 +2953,8 @@ cdef class DispatcherCore:
         # Whoever takes the task out of the running registry owns its
         # outcome: us, or the timer (deadline) or force_close().
         if self._unregister(item, runner):
+            if FD_HANDBACK and runner is not None:
+                self._keep(runner, item._future)
             if cancelled:
                 self._resolve(item, None, Cancelled("the coroutine task was cancelled"),
                               C_CANCELLED)
