@@ -2490,7 +2490,9 @@ cdef class DispatcherCore:
                         # miss it.
                         q._running = False
                         if FD_HANDBACK and runner is not None:
-                            self._keep(runner, q)   # before the map drops it
+                            # Before the map drops them: the queue and its key.
+                            self._keep(runner, q)
+                            self._keep(runner, q._key)
                         self._remove_locked(q)
             if found is None or found is _PARKED_CHAT or found is _AGAIN or found is _ELSEWHERE:
                 self._release_slot()
