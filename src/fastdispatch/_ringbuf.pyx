@@ -153,9 +153,10 @@ cdef extern from *:
        made them.  CPython counts the references an object's creating
        thread holds apart from the others' (biased reference counting); a
        worker dropping the last reference to a producer's object (a task's
-       SendContext, its Future) queues that object to the producer's thread
-       under a mutex per creating thread, which the producer then merges:
-       with several workers that mutex is where they meet.  Instead, the
+       SendContext and its Future, an emptied chat's queue and its key)
+       queues that object to the producer's thread under a mutex per
+       creating thread, which the producer then merges: with several
+       workers that mutex is where they meet.  Instead, the
        worker takes a reference of its own to such an object before it
        drops its last one (so its drop never queues), keeps it in a block
        of its own (FD_BACK_SLOTS per block, no atomics), and publishes the
@@ -1961,6 +1962,10 @@ cdef class _Runner:
     cdef fd_back *back          # objects its worker gives back, not yet
                                 # published (free-threaded builds; its
                                 # worker's alone: no lock)
+
+    def __dealloc__(self):
+        # Its worker publishes the block when it exits; this is a backstop.
+        fd_back_drop(self.back)
 
 
 cdef class DispatcherCore:
