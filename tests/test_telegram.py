@@ -141,6 +141,23 @@ def test_a_timeout_is_a_connection_error_and_comes_from_sc_remaining(server, sen
     assert time.monotonic() - t0 < 2.5
 
 
+def test_a_timeout_is_the_deadline_even_when_the_socket_times_out_first(
+        server, sender, monkeypatch):
+    # On a loaded machine the socket's own read timeout (the call's time
+    # left) can fire before the watchdog's thread has run: the error is the
+    # same.  A watchdog whose thread never fires stands for that thread.
+    from fastdispatch import _http
+
+    class Starved(_http._Watchdog):
+        def _run(self):
+            threading.Event().wait()
+
+    monkeypatch.setattr(_http, "_watchdog", Starved())
+    server.inject("delay", seconds=3)
+    exc = failure(send, sender, remaining=0.3)
+    assert isinstance(exc, TelegramNetworkError) and "deadline" in exc.reason, exc.reason
+
+
 def test_a_spent_deadline_fails_before_any_request(server, sender):
     exc = failure(send, sender, remaining=0.0)
     assert isinstance(exc, TimeoutError)

@@ -486,10 +486,14 @@ class JsonHttpClient:
     def _transport_error(self, exc, call, t):
         if isinstance(exc, HttpTransportError) and not call.fired:
             return exc
-        if call.fired:
+        timed_out = isinstance(exc, (socket.timeout, urllib3.exceptions.TimeoutError))
+        # The deadline ended the call if the watchdog cut it, or if a socket
+        # timeout (none is longer than the call's) fired once the deadline
+        # had passed: on a loaded machine the watchdog's thread may not have
+        # run yet, and the error must not depend on which came first.
+        if call.fired or (timed_out and time.monotonic() >= call.deadline):
             return HttpTransportError("timed out: no complete answer within the call's "
                                       "%.3g s deadline" % t, timed_out=True)
-        timed_out = isinstance(exc, (socket.timeout, urllib3.exceptions.TimeoutError))
         return HttpTransportError(describe(exc, self._secrets), timed_out=timed_out)
 
     # -- a connection of the caller's own -------------------------------------
