@@ -805,13 +805,25 @@ def test_calls_without_a_send_context_end_at_the_senders_timeout(dribbling):
 def test_the_deadline_watchdog_does_not_cut_a_connection_after_its_call_ended(server, sender):
     # Many short calls with short deadlines on the same keep-alive
     # connections: a watchdog that cut a connection after its call was over
-    # would fail a later call that took it from the pool.
+    # would fail a later call that took it from the pool (before that call's
+    # own, later, deadline), or cut it idle in the pool (a connection more).
+    # A call may run out of its own time on a loaded machine: that fails it
+    # only after its deadline, and costs the one connection it was on.
+    ids, timed_out = [], 0
     for i in range(300):
-        assert sender.call("sendMessage", {"chat_id": 5, "text": str(i)}, timeout=0.05 + (i % 3)
-                           * 0.001)["message_id"] == i + 1
+        timeout = 0.05 + (i % 3) * 0.001
+        t0 = time.monotonic()
+        try:
+            ids.append(sender.call("sendMessage", {"chat_id": 5, "text": str(i)},
+                                   timeout=timeout)["message_id"])
+        except TelegramNetworkError as exc:
+            elapsed = time.monotonic() - t0
+            assert "deadline" in exc.reason and elapsed >= timeout, (i, elapsed, exc)
+            timed_out += 1
     time.sleep(0.1)
-    assert send(sender, "5", "last").message_id == "301"
-    assert server.stats()["connections"] == 1
+    assert ids == sorted(set(ids))
+    assert send(sender, "5", "last").message_id == str(len(server.messages("5")))
+    assert server.stats()["connections"] <= 1 + timed_out
 
 
 # -- every number in an answer is outside input ------------------------------------
