@@ -11,8 +11,9 @@ Locks, and what each protects:
 
 - ``ChatQueue.lock``: the queue's items and its ``running`` flag, and the
   removal of the queue from the chat map (invariant 4).
-- ``_map_lock``: inserting a new queue into the chat map, against resetting
-  the map when its last chat leaves (the compiled core, on free-threaded
+- ``_map_lock``: inserting a new queue into the chat map (and the most
+  chats it held since its last reset), against resetting the map when its
+  last chat leaves (the compiled core, on free-threaded
   CPython, cuts the map in parts, each with such a lock: the same protocol
   per part).
 - ``_pool_lock``: the ready list (chats that have work but no worker), the
@@ -71,6 +72,9 @@ _ASYNC = 4
 # closed loop are ended (they can never end there).
 _HANDOFF_CHECK = 0.1
 _LOOP_CHECK = 0.5
+# The chat map is reset when it empties only if it held more chats than
+# this since its last reset (see _remove_locked; FD_KEEP_CHATS in the C twin).
+_KEEP_CHATS = 32
 # Where a chat's next task runs when it is not an event loop's.
 _WORKERS = object()
 # asyncio, imported by the first asubmit() (a thread-only program never
@@ -1223,6 +1227,7 @@ class DispatcherCore:
     def __init__(self, *args, **kwargs):
         self._queues = {}
         self._map_lock = _allocate_lock()
+        self._map_high = 0   # the most chats the map held since its last reset
         self._closed = False
         self._pool_lock = _allocate_lock()
         self._ready = deque()
@@ -1335,6 +1340,8 @@ class DispatcherCore:
                 fresh.core_ref = self._ref
                 with self._map_lock:
                     q = queues.setdefault(key, fresh)
+                    if q is fresh and len(queues) > self._map_high:
+                        self._map_high = len(queues)
             with q.lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
@@ -1906,7 +1913,9 @@ class DispatcherCore:
         # With q.lock held: take q out of the chat map.  A dict never
         # shrinks on deletion, so after a burst of 100k chats its table would
         # keep its peak size for good; when the last chat leaves, reset it
-        # (under _map_lock, so that no insert can slip in between).
+        # (under _map_lock, so that no insert can slip in between) if it
+        # held more than _KEEP_CHATS since its last reset: a smaller table
+        # is kept, and this path takes no lock.
         queues = self._queues
         if not q._removed:
             q._removed = True
@@ -1914,10 +1923,11 @@ class DispatcherCore:
             if type(key) is _ChatKey:
                 key._removing = True
             queues.pop(key, None)
-        if not queues:
+        if not queues and self._map_high > _KEEP_CHATS:
             with self._map_lock:
                 if not queues:
                     queues.clear()
+                    self._map_high = 0
 
     def _run(self, item, q):
         """Run one attempt of a thread task: _DONE, _PANICKED or _RETRYING."""

@@ -97,9 +97,14 @@ cdef extern from *:
     #define FD_STRIPE_BITS 0
     #endif
     #define FD_STRIPES ((Py_ssize_t)1 << FD_STRIPE_BITS)
+    /* A part of the map that empties is reset (its dict's table freed) only
+       if it held more chats than this since its last reset (see
+       _remove_locked): a table for this many is about a kilobyte. */
+    #define FD_KEEP_CHATS 32
     """
     const Py_ssize_t FD_STRIPES
     const int FD_STRIPE_BITS
+    const long long FD_KEEP_CHATS
 
 cdef extern from *:
     """
@@ -681,6 +686,8 @@ cdef class _Stripe:
 
     cdef dict queues              # key -> ChatQueue (dict ops are atomic)
     cdef cython.pymutex lock      # inserts into queues vs. its reset when empty
+    cdef long long high           # the most chats it held since its last reset:
+                                  # written under lock, read atomically
 
     def __cinit__(self):
         self.queues = {}
@@ -2197,6 +2204,8 @@ cdef class DispatcherCore:
                     q = queues.setdefault(key, fresh)
                     if q is fresh:
                         FD_ADD(&self._chats, 1)
+                        if len(queues) > stripe.high:
+                            FD_STORE(&stripe.high, len(queues))
             with q._lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
@@ -2860,7 +2869,11 @@ cdef class DispatcherCore:
         # shrinks on deletion, so after a burst of 100k chats its table would
         # keep its peak size for good; when the last chat of its part leaves,
         # reset that part (under its lock, so that no insert can slip in
-        # between).
+        # between) if it grew past FD_KEEP_CHATS since its last reset.  A
+        # part that stayed smaller keeps its small table and this path takes
+        # no lock: a producer inserting into the part held it (on
+        # free-threaded CPython the reset's lock was a third of the
+        # involuntary switches of a post, docs/performance.md).
         cdef _Stripe stripe = q._stripe
         cdef dict queues
         if stripe is None:      # a queue built by hand: never in the map
@@ -2874,10 +2887,11 @@ cdef class DispatcherCore:
                 (<_ChatKey>key)._removing = True
             if queues.pop(key, None) is not None:
                 FD_ADD(&self._chats, -1)
-        if not queues:
+        if not queues and FD_LOAD(&stripe.high) > FD_KEEP_CHATS:
             with stripe.lock:
                 if not queues:
                     queues.clear()
+                    FD_STORE(&stripe.high, 0)
         return 0
 
     cdef int _run(self, SendContext item, ChatQueue q, _Runner runner) except -1:
