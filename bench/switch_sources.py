@@ -27,23 +27,21 @@ import subprocess
 import sys
 import tempfile
 
-# The child: warm up, then ``rounds`` timed rounds of one contender; prints
-# its own per-task figures from getrusage.
+# The child: the rounds of one contender, timed as bench/freethreading.py
+# times them (scenarios.time_rounds); prints its per-task figures, and the
+# voluntary switches of the whole run (the sleeps, for comparison).
 CHILD = r"""
-import resource, sys, time
+import resource, statistics, sys
 from fastdispatch.bench import scenarios as sc
 mode, rounds = sys.argv[1], int(sys.argv[2])
 c = sc.EndToEnd("fastdispatch", producers=1, post=(mode == "post"), threads=8)
-for _ in range(3):
-    c.run()
-r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-for _ in range(rounds):
-    c.run()
-t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-n = rounds * c.ops
-print("%s: %.3f us per task (under perf), involuntary switches %.0f, voluntary %.0f per 10,000 tasks"
-      % (mode, (t1 - t0) / n * 1e6, (r1.ru_nivcsw - r0.ru_nivcsw) / n * 1e4,
-         (r1.ru_nvcsw - r0.ru_nvcsw) / n * 1e4))
+switches = {}
+voluntary = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+times = sc.time_rounds({mode: c}, rounds, warmup=3, block=rounds, switches=switches)[mode]
+voluntary = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - voluntary
+print("%s: %.3f us per task (under perf), involuntary switches %.0f per 10,000 tasks, "
+      "voluntary %.0f in the run" % (mode, statistics.median(times) / c.ops * 1e6,
+                                     statistics.median(switches[mode]) / c.ops * 1e4, voluntary))
 c.close()
 """
 
