@@ -1340,8 +1340,8 @@ class DispatcherCore:
                 fresh.core_ref = self._ref
                 with self._map_lock:
                     q = queues.setdefault(key, fresh)
-                    if q is fresh and len(queues) > self._map_high:
-                        self._map_high = len(queues)
+                    if q is fresh:
+                        self._map_high = max(self._map_high, len(queues))
             with q.lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto

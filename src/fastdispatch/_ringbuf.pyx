@@ -2176,6 +2176,7 @@ cdef class DispatcherCore:
         cdef bint start = False
         cdef _Stripe stripe
         cdef dict queues
+        cdef Py_ssize_t held
         if chat_id is None:
             raise TypeError("chat_id must not be None")
         if FD_HANDBACK:
@@ -2204,8 +2205,9 @@ cdef class DispatcherCore:
                     q = queues.setdefault(key, fresh)
                     if q is fresh:
                         FD_ADD(&self._chats, 1)
-                        if len(queues) > stripe.high:
-                            FD_STORE(&stripe.high, len(queues))
+                        held = len(queues)
+                        if held > stripe.high:
+                            FD_STORE(&stripe.high, held)
             with q._lock:
                 # Invariant 4: the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
