@@ -257,9 +257,14 @@ def test_the_poller_confirms_an_update_only_once_its_replies_were_sent(server, i
     server.push_message(2, "second")
     poller = TelegramPoller(sender, engine, poll_timeout=1, recheck=0.05).start()
     try:
-        assert wait_until(lambda: len(server.messages(2)) == 1)
+        # The server records chat 2's reply before it answers, and the
+        # poller counts the update done once the answer is back: wait for
+        # both (on a loaded machine the second comes later).
+        assert wait_until(lambda: len(server.messages(2)) == 1 and poller.pending == 1)
         # The first update's reply is held: Telegram keeps both updates
-        # (confirming the second would confirm the first).
+        # (confirming the second would confirm the first), also after a few
+        # of the poller's rechecks.
+        time.sleep(0.2)
         assert poller.pending == 1 and server.pending_updates() == 2
         sender.gate.set()
         assert wait_until(lambda: server.pending_updates() == 0)
