@@ -259,6 +259,61 @@ def test_the_token_is_in_no_repr_exception_or_log(server, caplog):
         assert exc.__context__ is None and exc.__cause__ is None
 
 
+# The garbage collector forgets a dead client's token from a finalizer, which
+# may run inside the redaction filter's own critical section (a collection
+# started by an allocation there): with a lock the finalizer waited for, the
+# thread deadlocked on itself (one of these runs took seconds to hang).  In a
+# child, so a deadlock fails the test instead of hanging the suite.
+_REDACT_CHURN = r"""
+import gc, logging, sys, threading
+from fastdispatch import _http
+log = logging.getLogger("urllib3.connectionpool")
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        if len(records) < 100:
+            records.append(record.getMessage())
+log.addHandler(Keep())
+log.setLevel(logging.DEBUG)
+sys.setswitchinterval(1e-6)
+gc.set_threshold(5)  # a collection every few allocations, in whichever thread
+live = _http.JsonHttpClient("http://127.0.0.1:9", secrets=("LIVE-secret",))
+stop = threading.Event()
+def churn(k):
+    n = 0
+    while not stop.is_set():
+        n += 1
+        c = _http.JsonHttpClient("http://127.0.0.1:9", secrets=("dead-%d-%d" % (k, n),))
+        c.cycle = c  # collected only by the garbage collector, at any allocation
+        del c
+threads = [threading.Thread(target=churn, args=(k,)) for k in range(2)]
+for t in threads:
+    t.start()
+for i in range(20000):
+    log.debug("url %s", "/botLIVE-secret/x")
+stop.set()
+for t in threads:
+    t.join()
+gc.collect()
+_http.JsonHttpClient("http://127.0.0.1:9", secrets=("last",))  # takes the lock: forgets
+gc.collect()
+print(repr((sorted(_http._redact.secrets), len(records),
+            sum("LIVE-secret" in r for r in records))))
+"""
+
+
+def test_a_client_collected_inside_the_redaction_filter_does_not_deadlock():
+    import ast
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _REDACT_CHURN], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    secrets, kept, leaked = ast.literal_eval(out.stdout.strip())
+    assert secrets == ["LIVE-secret"]  # every dead client's secret forgotten
+    assert kept == 100 and leaked == 0
+
+
 def test_bad_arguments_raise_naming_the_argument():
     with pytest.raises(TypeError, match="token"):
         TelegramSender(123)

@@ -188,30 +188,52 @@ def describe(exc: BaseException, secrets: Iterable[str] = ()) -> str:
 # -- secrets never reach a log -----------------------------------------------
 
 class _RedactSecrets(logging.Filter):
-    """On urllib3's loggers: replace every live client's secrets by ``<token>``."""
+    """On urllib3's loggers: replace every live client's secrets by ``<token>``.
+
+    A client's secrets are forgotten by a ``weakref.finalize`` callback, which
+    the garbage collector may run in any thread at any allocation, also in a
+    thread that holds ``_lock`` (a collection started inside ``remember``),
+    so the callback never waits for the lock: it queues the secrets in
+    ``_dead`` and takes the lock only if it is free, and whoever takes the
+    lock next forgets them.  ``filter`` takes no lock: it reads ``secrets``,
+    a tuple replaced whole under ``_lock``.  A dead client's secret may be
+    redacted a little longer than it lives, never a live one's less.
+    """
 
     def __init__(self):
         super().__init__()
-        self._lock = threading.Lock()  # guards secrets
-        self.secrets = collections.Counter()  # secret -> live owners holding it
+        self._lock = threading.Lock()  # guards _owners and the replacing of secrets
+        self._owners = collections.Counter()  # secret -> live owners holding it
+        self._dead = collections.deque()  # secrets of dead owners, not yet forgotten
+        self.secrets = ()  # the secrets of live owners, as one tuple
 
     def remember(self, owner, secrets):
-        secrets = [s for s in secrets if s]
+        secrets = tuple(s for s in secrets if s)
         with self._lock:
             for s in secrets:
-                self.secrets[s] += 1
+                self._owners[s] += 1
+            self._update_locked()
         weakref.finalize(owner, self._forget, secrets)
 
     def _forget(self, secrets):
-        with self._lock:
-            for s in secrets:
-                self.secrets[s] -= 1
-                if self.secrets[s] <= 0:
-                    del self.secrets[s]
+        self._dead.append(secrets)  # atomic: no lock for a finalizer to wait on
+        if self._lock.acquire(blocking=False):
+            try:
+                self._update_locked()
+            finally:
+                self._lock.release()
+
+    def _update_locked(self):
+        owners, dead = self._owners, self._dead
+        while dead:
+            for s in dead.popleft():
+                owners[s] -= 1
+                if owners[s] <= 0:
+                    del owners[s]
+        self.secrets = tuple(owners)
 
     def filter(self, record):
-        with self._lock:
-            secrets = list(self.secrets)
+        secrets = self.secrets
         if not secrets:
             return True
         try:
