@@ -198,7 +198,9 @@ class ClusterWorker:
         self.exit_code = None
         self._loop = None
         self._stop_event = None     # asyncio.Event, created on the loop
-        self._stop_requested = threading.Event()
+        # A plain flag, not an Event: stop() runs in signal handlers, which
+        # may interrupt the main thread inside an Event's own lock.
+        self._stop_requested = False
         self._finished = threading.Event()
         self._redis = None          # sync client, used by the dispatcher's threads
         self._aredis = None         # asyncio client, used by the loop thread
@@ -233,8 +235,9 @@ class ClusterWorker:
         self._finished.set()
 
     def stop(self):
-        """Ask for a graceful stop (thread safe; safe in a signal handler)."""
-        self._stop_requested.set()
+        """Ask for a graceful stop (thread safe; safe in a signal handler: it
+        takes no lock)."""
+        self._stop_requested = True
         loop = self._loop
         if loop is not None:
             try:
@@ -272,7 +275,7 @@ class ClusterWorker:
 
     @property
     def _stopping(self):
-        return self._stop_requested.is_set()
+        return self._stop_requested
 
     def _warn(self, what, message, *args):
         # One line per kind of trouble every 5 s at most: clear, not a flood.

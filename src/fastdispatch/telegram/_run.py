@@ -43,6 +43,7 @@ import threading
 from time import monotonic
 from typing import Any, Callable, List, NamedTuple, Optional
 
+from .._signals import SignalRelay
 from ._intake import TelegramPoller, WebhookApp, webhook_app
 from ._sender import TelegramSender
 
@@ -162,7 +163,10 @@ def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = 
 
 class _Stopper:
     """SIGTERM/SIGINT -> ``stop``; a second one -> ``force`` (installed only
-    in the main thread, where Python delivers signals; restored after)."""
+    in the main thread, where Python delivers signals; restored after).
+    The events are set from a :class:`SignalRelay`'s thread, never from the
+    handler: the main thread may hold ``stop``'s own lock when the signal
+    comes (it waits on ``stop``)."""
 
     def __init__(self, stop, handle_signals):
         if stop is not None and not isinstance(stop, threading.Event):
@@ -170,13 +174,11 @@ class _Stopper:
         self.stop = stop if stop is not None else threading.Event()
         self.force = threading.Event()
         self.signum = None
-        self._previous = {}
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.signal(signum, self._on_signal)
+        self._relay = SignalRelay(self._on_signal, name="fastdispatch-telegram-signals")
+        if handle_signals:
+            self._relay.install()
 
-    def _on_signal(self, signum, frame):
-        # No logging here: the interrupted code may hold the logging lock.
+    def _on_signal(self, signum):
         if self.stop.is_set():
             self.force.set()
         else:
@@ -196,8 +198,7 @@ class _Stopper:
                       signal.Signals(self.signum).name)
 
     def restore(self):
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+        self._relay.restore()
 
 
 # -- health and metrics --------------------------------------------------------------

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 
+from .._signals import SignalRelay
 from ..pacing import RateLimit
 from ._discord import FakeDiscordServer
 from ._telegram import FakeTelegramServer
@@ -85,7 +86,8 @@ def main(argv=None):
 
 def _serve(server, url_attribute):
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    # Set from the relay's thread: the main thread below may hold stop's lock.
+    SignalRelay(lambda signum: stop.set(), (signal.SIGTERM,)).install()
     with server:
         sys.stdout.write(getattr(server, url_attribute) + "\n")
         sys.stdout.write((server.control_url if server.control else "control: off") + "\n")
