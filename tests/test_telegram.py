@@ -262,8 +262,9 @@ def test_the_token_is_in_no_repr_exception_or_log(server, caplog):
 # The garbage collector forgets a dead client's token from a finalizer, which
 # may run inside the redaction filter's own critical section (a collection
 # started by an allocation there): with a lock the finalizer waited for, the
-# thread deadlocked on itself (one of these runs took seconds to hang).  In a
-# child, so a deadlock fails the test instead of hanging the suite.
+# thread deadlocked on itself (the code before hung in this child within a
+# fraction of a second, and once hung a whole CI run).  In a child, so a
+# deadlock fails the test instead of hanging the suite.
 _REDACT_CHURN = r"""
 import gc, logging, sys, threading
 from fastdispatch import _http
