@@ -6,6 +6,8 @@ import io
 import json
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -266,7 +268,7 @@ def test_the_token_is_in_no_repr_exception_or_log(server, caplog):
 # fraction of a second, and once hung a whole CI run).  In a child, so a
 # deadlock fails the test instead of hanging the suite.
 _REDACT_CHURN = r"""
-import gc, logging, sys, threading
+import gc, json, logging, sys, threading
 from fastdispatch import _http
 log = logging.getLogger("urllib3.connectionpool")
 records = []
@@ -298,19 +300,16 @@ for t in threads:
 gc.collect()
 _http.JsonHttpClient("http://127.0.0.1:9", secrets=("last",))  # takes the lock: forgets
 gc.collect()
-print(repr((sorted(_http._redact.secrets), len(records),
-            sum("LIVE-secret" in r for r in records))))
+print(json.dumps([sorted(_http._redact.secrets), len(records),
+                  sum("LIVE-secret" in r for r in records)]))
 """
 
 
 def test_a_client_collected_inside_the_redaction_filter_does_not_deadlock():
-    import ast
-    import subprocess
-    import sys
     out = subprocess.run([sys.executable, "-c", _REDACT_CHURN], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    secrets, kept, leaked = ast.literal_eval(out.stdout.strip())
+    secrets, kept, leaked = json.loads(out.stdout)
     assert secrets == ["LIVE-secret"]  # every dead client's secret forgotten
     assert kept == 100 and leaked == 0
 
