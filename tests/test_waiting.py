@@ -409,3 +409,150 @@ def test_many_waiting_coroutines_with_cancellations(
     assert s.waiting == 0 and ok <= s.completed == len(done) and s.rejected == full
     assert s.submitted == s.completed + s.cancelled and _identity(s)
 
+
+# ------------------------------------------- calls from inside a running task
+
+def test_running_chat_says_which_task_the_caller_runs_in(make_dispatcher):
+    d = make_dispatcher()
+    other = make_dispatcher()
+    seen = {}
+    assert d.running_chat() is None
+
+    def thread_task(sc):
+        seen["thread"] = d.running_chat()
+        seen["other dispatcher"] = other.running_chat()
+        seen["hook-free thread"] = []
+        t = threading.Thread(target=lambda: seen["hook-free thread"].append(d.running_chat()))
+        t.start()
+        t.join()
+
+    d.submit("t", thread_task).result(WAIT)
+
+    async def main():
+        leftovers = []
+
+        async def coro_task(sc):
+            seen["coroutine"] = d.running_chat()
+            child = asyncio.ensure_future(asyncio.sleep(0, d.running_chat()))
+            seen["child"] = await child
+            leftovers.append(asyncio.ensure_future(_later(d)))
+            return "ok"
+
+        def sync_part(sc):
+            seen["sync part"] = d.running_chat()
+            return coro_task(sc)
+
+        assert await d.asubmit(("c", 1), sync_part) == "ok"
+        seen["caller"] = d.running_chat()
+        seen["after the end"] = await leftovers[0]
+
+    asyncio.run(main())
+    assert seen == {"thread": "t", "other dispatcher": None, "hook-free thread": [None],
+                    "coroutine": ("c", 1), "sync part": ("c", 1), "child": ("c", 1),
+                    "caller": None, "after the end": None}
+
+
+async def _later(d):
+    await asyncio.sleep(0.05)
+    return d.running_chat()
+
+
+def test_waiting_for_its_own_chat_raises_at_once(make_dispatcher):
+    d = make_dispatcher(queue_size=2)
+    got = []
+
+    def task(sc):
+        for _ in range(2):
+            d.submit(sc.chat_id, lambda sc: None)     # fills its own chat
+        for call in (d.submit, d.post):
+            try:
+                call(sc.chat_id, lambda sc: None, block=True)   # no timeout: must not hang
+            except QueueFull as exc:
+                got.append(str(exc))
+
+    d.submit(1, task).result(WAIT)
+
+    async def main():
+        async def coro(sc):
+            for _ in range(2):
+                d.submit(sc.chat_id, lambda sc: None)
+            try:
+                await d.asubmit(sc.chat_id, lambda sc: None, block=True)
+            except QueueFull as exc:
+                got.append(str(exc))
+            try:
+                d.submit(sc.chat_id, lambda sc: None, block=True)  # a thread call, on the loop
+            except QueueFull as exc:
+                got.append(str(exc))
+        await d.asubmit(2, coro)
+
+    asyncio.run(main())
+    assert len(got) == 4 and all("wait for itself" in m for m in got), got
+    assert d.drain(WAIT)
+    s = d.stats()
+    assert s.rejected == 4 and s.waiting == 0 and _identity(s)
+
+
+def test_a_wait_that_would_hold_every_slot_is_refused(make_dispatcher):
+    d = make_dispatcher(queue_size=1, max_inflight=1)
+    got = []
+
+    def task(sc):
+        d.submit("b", lambda sc: None)            # "b" cannot start: the one slot is ours
+        try:
+            d.submit("b", lambda sc: None, block=True)
+        except QueueFull as exc:
+            got.append(str(exc))
+
+    d.submit("a", task).result(WAIT)
+    assert d.drain(WAIT)
+    assert len(got) == 1 and "max_inflight" in got[0]
+
+
+def test_a_wait_that_would_close_a_cycle_is_refused_and_others_end(make_dispatcher):
+    d = make_dispatcher(queue_size=1, max_inflight=4)
+    a_may_go = threading.Event()
+    b_waits = threading.Event()
+    got = []
+
+    def a1(sc):
+        assert a_may_go.wait(WAIT)
+        try:
+            d.submit("b", lambda sc: got.append("b3"), block=True)
+        except QueueFull as exc:
+            got.append(str(exc))
+
+    def b1(sc):
+        d.submit("b", lambda sc: got.append("b2"))          # "b" is full now
+        b_waits.set()
+        d.submit("a", lambda sc: got.append("a3"), block=True)  # waits for a2 to start
+        got.append("b1 got in")
+
+    d.submit("a", a1)
+    d.submit("a", lambda sc: got.append("a2"))               # "a" is full now
+    d.submit("b", b1)
+    assert b_waits.wait(WAIT)
+    _wait_until(lambda: d.stats().waiting == 1)
+    a_may_go.set()
+    assert d.drain(WAIT)
+    assert "never end" in got[0], got
+    assert sorted(got[1:]) == ["a2", "a3", "b1 got in", "b2"]
+    s = d.stats()
+    assert s.rejected == 1 and s.waiting == 0 and _identity(s)
+
+
+def test_a_task_may_wait_for_another_chat_that_can_make_room(make_dispatcher):
+    d = make_dispatcher(queue_size=1, max_inflight=2)
+    gate = _held_chat(d, "b", 1)
+    order = []
+
+    def task(sc):
+        d.submit("b", lambda sc: order.append("b"), block=True)
+        order.append("a got in")
+
+    fut = d.submit("a", task)
+    _wait_until(lambda: d.stats().waiting == 1)
+    gate.set()
+    fut.result(WAIT)
+    assert d.drain(WAIT)
+    assert order == ["a got in", "b"] or order == ["b", "a got in"]
