@@ -348,11 +348,22 @@ _CYTHON_NAMES = frozenset(("__pyx_vtable__", "__reduce_cython__", "__setstate_cy
 
 
 class _DispatcherType(type):
-    """The dispatcher's metaclass: only ``__dir__``, so that ``help()`` shows the API.
+    """The dispatcher's metaclass: ``__dir__``, so that ``help()`` shows the API,
+    and ``__call__``, so that a wrong argument is named in the class's terms.
 
-    pydoc lists what ``dir(cls)`` returns.  Instances are untouched: attribute
-    lookups and calls on a dispatcher do not go through the metaclass.
+    pydoc lists what ``dir(cls)`` returns.  Python's own TypeError for
+    ``OutboundDispatcher(8)`` or a misspelt keyword names the method that
+    defines the parameters (``_Lifecycle.__init__``), an internal class;
+    ``__call__`` says it of ``OutboundDispatcher`` and the argument instead,
+    before the instance is made.  Instances are untouched: attribute lookups
+    and calls on a dispatcher do not go through the metaclass.
     """
+
+    def __call__(cls, *args, **kwargs):
+        if cls.__init__ is _Lifecycle.__init__ and (
+                args or not _INIT_PARAMETERS.issuperset(kwargs)):
+            _refuse_arguments(cls.__name__, args, kwargs)
+        return type.__call__(cls, *args, **kwargs)
 
     def __dir__(cls):
         names = []
@@ -364,6 +375,30 @@ class _DispatcherType(type):
                 continue   # __reduce__ = __reduce_cython__: Cython's pickling refusal
             names.append(name)
         return names
+
+
+_INIT_PARAMETERS = frozenset(
+    name for name in inspect.signature(_Lifecycle.__init__).parameters if name != "self")
+
+
+def _refuse_arguments(name, args, kwargs):
+    if args:
+        raise TypeError(
+            "%s() takes keyword arguments only, got %d positional argument%s (%s); "
+            "e.g. %s(max_inflight=%s)" % (
+                name, len(args), "" if len(args) == 1 else "s",
+                ", ".join(_safe_arg(a) for a in args), name, _safe_arg(args[0])))
+    for key in kwargs:
+        if key not in _INIT_PARAMETERS:
+            close = difflib.get_close_matches(key, sorted(_INIT_PARAMETERS), 1)
+            raise TypeError("%s() got an unexpected keyword argument %r%s" % (
+                name, key, "; did you mean %r?" % close[0] if close else
+                " (it takes %s)" % ", ".join(sorted(_INIT_PARAMETERS))))
+
+
+def _safe_arg(value):
+    from ._errors import _safe_repr
+    return _safe_repr(value)
 
 
 def build_dispatcher_class(core):
