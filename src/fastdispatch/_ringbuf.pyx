@@ -345,6 +345,7 @@ cdef enum:
     _NO_ROOM_SELF = 2
     _NO_ROOM_SLOTS = 3
     _NO_ROOM_CYCLE = 4
+    _NO_ROOM_LOOP = 5
 
 # What a waiting asubmit's wake-up Future holds when its timeout passed.
 cdef object _TIMED_OUT = object()
@@ -2419,11 +2420,14 @@ cdef class DispatcherCore:
         # A running task that waits holds a max_inflight slot (and, a thread
         # task, its worker) until room comes: refused when room could then
         # never come (its own chat; every slot held by waiting tasks; a
-        # cycle of chats whose running tasks wait for each other).
+        # cycle of chats whose running tasks wait for each other), and a
+        # thread's wait on a running event loop once coroutine tasks exist.
         cdef _Waiter waiter
         cdef int why
         if holder is q:
             return _NO_ROOM_SELF
+        if loop is None and self._async_used and _running_loop() is not None:
+            return _NO_ROOM_LOOP  # a thread wait would stall the loop coroutine tasks need
         if FD_ADD(&self._waiting, 1) >= self._max_waiting:
             FD_ADD(&self._waiting, -1)
             return _NO_ROOM_MAX
