@@ -1059,9 +1059,10 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
 cdef class _Waiter:
     """A caller waiting for room in a full chat (``block=True``).
 
-    ``wake`` is a held lock that the waker releases (a thread), or a Future
-    of the caller's event loop (an ``asubmit``).  ``holder`` is the chat
-    queue of the running task the caller waits inside, if any.
+    ``wake`` is a wake (a SimpleQueue, as an idle worker's: see _sleep) in
+    which the waker puts one token (a thread), or a Future of the caller's
+    event loop (an ``asubmit``).  ``holder`` is the chat queue of the
+    running task the caller waits inside, if any.
     """
 
     cdef SendContext item
@@ -1079,8 +1080,7 @@ cdef _Waiter _new_waiter(SendContext item, ChatQueue q, object loop, ChatQueue h
     w.q = q
     w.loop = loop
     if loop is None:
-        w.wake = _allocate_lock()
-        w.wake.acquire()
+        w.wake = _Wake()
     else:
         w.wake = loop.create_future()
     w.state = _W_WAITING
@@ -2486,7 +2486,7 @@ cdef class DispatcherCore:
     cdef int _wake_waiter(self, _Waiter waiter) except -1:
         # Wake a waiter whose state was decided (under its chat's lock).
         if waiter.loop is None:
-            waiter.wake.release()
+            waiter.wake.put(None)
         else:
             _on_loop(waiter.loop, _aio_set, waiter.wake, None, None)
         return 0
@@ -2526,7 +2526,7 @@ cdef class DispatcherCore:
     def _wait_for_room(self, _Waiter waiter, timeout):
         # submit/post with block=True: this thread waits for its turn.
         try:
-            woken = waiter.wake.acquire(True, -1 if timeout is None else timeout)
+            woken = _sleep(waiter.wake, timeout)
         except BaseException:
             self._end_wait(waiter, False, None)
             raise
