@@ -720,3 +720,175 @@ def test_random_mix_of_coroutine_and_thread_tasks_keeps_every_promise(
 
 def _unused():  # keep sys imported for debugging sessions
     return sys
+
+
+# ------------------------------------------- each caller's context, cancels
+
+def test_each_task_runs_in_its_own_callers_context(make_dispatcher):
+    # Two handlers with different context values send to one chat: the run
+    # of the chat is started by the first, yet the second's task sees the
+    # second's values (its call and its awaitable), never the first's.
+    import contextvars
+    request_id = contextvars.ContextVar("request_id", default="none")
+    d = make_dispatcher()
+    seen = []
+
+    async def send(sc, label):
+        seen.append((label, "awaitable", request_id.get()))
+        await asyncio.sleep(0.01)
+        seen.append((label, "after await", request_id.get()))
+
+    def task(label):
+        def call(sc):
+            seen.append((label, "call", request_id.get()))
+            return send(sc, label)
+        return call
+
+    async def handler(label):
+        request_id.set(label)
+        await d.asubmit("chat", task(label))
+
+    async def main():
+        await asyncio.gather(*(handler("req-%d" % i) for i in range(4)))
+
+    asyncio.run(main())
+    assert len(seen) == 12
+    assert all(label == value for label, _, value in seen), seen
+
+
+def test_a_task_changing_its_context_does_not_leak_into_the_next(make_dispatcher):
+    import contextvars
+    var = contextvars.ContextVar("var", default="unset")
+    d = make_dispatcher()
+    seen = []
+
+    async def first(sc):
+        var.set("set by the first task")
+
+    async def second(sc):
+        seen.append(var.get())
+
+    async def main():
+        await asyncio.gather(d.asubmit("c", first), d.asubmit("c", second))
+        seen.append(var.get())
+
+    asyncio.run(main())
+    assert seen == ["unset", "unset"]
+
+
+@pytest.mark.parametrize("first_attempt", ["raises at the call", "raises in the awaitable"])
+def test_cancelling_the_caller_after_a_retry_cancels_the_running_attempt(
+        make_dispatcher, first_attempt):
+    d = make_dispatcher(retry=RetryPolicy())
+    seen = []
+
+    async def slow(sc):
+        seen.append(("attempt", sc.attempt))
+        if sc.attempt == 1:
+            raise RetryAfter(0.01)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append(("cancelled", sc.attempt))
+            raise
+
+    def task(sc):
+        if sc.attempt == 1 and first_attempt == "raises at the call":
+            seen.append(("attempt", 1))
+            raise RetryAfter(0.01)
+        return slow(sc)
+
+    async def main():
+        call = asyncio.ensure_future(d.asubmit("c", task))
+        while ("attempt", 2) not in seen:
+            await asyncio.sleep(0.005)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # The chat goes on at once (not after the 30 s the attempt would take).
+        return await asyncio.wait_for(d.asubmit("c", lambda sc: "next"), 10)
+
+    assert asyncio.run(main()) == "next"
+    assert ("cancelled", 2) in seen
+    assert d.drain(timeout=5)
+    s = d.stats()
+    assert s.cancelled == 1 and s.retried == 1
+
+
+# ------------------------------------------------------------- ashutdown
+
+def test_ashutdown_drains_on_the_loop_its_coroutine_tasks_need(make_dispatcher, caplog):
+    d = make_dispatcher(max_inflight=8)
+    sent = []
+    ticks = []
+    before = []
+
+    async def main():
+        async def send(sc):
+            await asyncio.sleep(0.005)
+            sent.append(sc.chat_id)
+
+        async def ticker():
+            while True:
+                ticks.append(1)
+                await asyncio.sleep(0.001)
+
+        tick = asyncio.ensure_future(ticker())
+        calls = [asyncio.ensure_future(d.asubmit(i % 5, send)) for i in range(100)]
+        for i in range(20):
+            d.post(i % 3, lambda sc: sent.append("thread"))
+        await asyncio.sleep(0)
+        before.append(d.stats().completed)
+        with caplog.at_level("INFO", logger="fastdispatch"):
+            done = await d.ashutdown(10)
+        tick.cancel()
+        await asyncio.gather(*calls)
+        return done
+
+    assert asyncio.run(main()) is True
+    assert len(sent) == 120 and ticks   # the loop kept running meanwhile
+    s = d.stats()
+    assert s.completed == 120 and s.threads == 0 and d.closed
+    expected = "ashutdown: %d task(s) sent and 0 failed" % (120 - before[0])
+    assert any(expected in r.getMessage() for r in caplog.records)
+    with pytest.raises(DispatcherClosed):
+        d.post(1, lambda sc: None)
+
+
+def test_ashutdown_says_what_was_left_when_its_timeout_passes(make_dispatcher, caplog):
+    d = make_dispatcher()
+    release = []
+
+    async def main():
+        gate = asyncio.Event()
+        release.append(gate)
+
+        async def stuck(sc):
+            await gate.wait()
+
+        calls = [asyncio.ensure_future(d.asubmit("c", stuck)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        with caplog.at_level("INFO", logger="fastdispatch"):
+            done = await d.ashutdown(0.05)
+        gate.set()
+        await asyncio.gather(*calls)
+        return done
+
+    assert asyncio.run(main()) is False
+    warnings_ = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("3 task(s) not done (1 running, in 1 chat(s))" in m for m in warnings_), warnings_
+    assert d.shutdown(5)
+
+
+def test_ashutdown_refuses_to_wait_for_itself(make_dispatcher):
+    d = make_dispatcher()
+
+    async def main():
+        async def task(sc):
+            with pytest.raises(RuntimeError, match="wait for itself"):
+                await d.ashutdown(1)
+            return "ok"
+        return await d.asubmit("c", task)
+
+    assert asyncio.run(main()) == "ok"
+    assert not d.closed
