@@ -156,7 +156,7 @@ class FakeDiscordServer(LocalServer):
                  invalid_request_limit: int = 10000, invalid_request_window: float = 600.0,
                  ban_seconds: float = 3600.0, latency: Any = 0.0, seed: Optional[int] = None,
                  max_body: int = 1 << 20, control: bool = False, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, **server_options: Any) -> None:
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str or None")
         if isinstance(invalid_request_limit, bool) or not isinstance(
@@ -179,7 +179,7 @@ class FakeDiscordServer(LocalServer):
         self.application_id = "1100000000000000001"
         self._ids = itertools.count(1)
         super().__init__(latency=latency, seed=seed, max_body=max_body, host=host,
-                         port=port, control=control)
+                         port=port, control=control, **server_options)
 
     def _reset_state(self):
         # Called with _lock held (or before the server runs).

@@ -293,7 +293,7 @@ class FakeTelegramServer(LocalServer):
                  arrival_jitter: Any = 0.0,
                  seed: Optional[int] = None, max_body: int = 1 << 20,
                  bot_is_admin: bool = True, control: bool = False,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, **server_options: Any) -> None:
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str or None")
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
@@ -311,7 +311,8 @@ class FakeTelegramServer(LocalServer):
         self._tls = threading.local()
         self.webhooks = WebhookDelivery(self)  # POSTs updates once setWebhook is called
         super().__init__(latency=latency, seed=seed, max_body=max_body, host=host,
-                         port=port, control=control, arrival_jitter=arrival_jitter)
+                         port=port, control=control, arrival_jitter=arrival_jitter,
+                         **server_options)
         self._updates_changed = self._changed  # long polls wait on it
         self._poll_generation = 0
 
