@@ -193,6 +193,7 @@ class FakeDiscordServer(LocalServer):
         self._channel_status: Dict[str, int] = {}
         self._interactions: Dict[str, str] = {}  # interaction token -> channel id
         self._interaction_ids: Dict[str, str] = {}  # interaction token -> its id
+        self._interaction_meta: Dict[str, Dict[str, Any]] = {}  # token -> metadata
         self._responded: Dict[str, Optional[str]] = {}  # token -> original message id
         self._stored: Dict[str, Dict[str, Dict[str, Any]]] = collections.defaultdict(dict)
         self._reactions: Dict[tuple, List[str]] = {}  # (channel, message) -> the bot's
@@ -308,11 +309,14 @@ class FakeDiscordServer(LocalServer):
         token = "aW50ZXJhY3Rpb24" + secrets.token_urlsafe(48)
         channel = str(channel_id)
         interaction_id = self._snowflake()
+        user = {"id": str(user_id), "username": username, "discriminator": "0",
+                "global_name": username, "avatar": None}
         with self._lock:
             self._interactions[token] = channel
             self._interaction_ids[token] = interaction_id
-        user = {"id": str(user_id), "username": username, "discriminator": "0",
-                "global_name": username, "avatar": None}
+            self._interaction_meta[token] = {
+                "id": interaction_id, "type": interaction_type, "user": user,
+                "authorizing_integration_owners": {"0": str(guild_id)}}
         payload: Dict[str, Any] = {
             "id": interaction_id, "application_id": self.application_id,
             "type": interaction_type, "token": token, "version": 1,
@@ -391,7 +395,9 @@ class FakeDiscordServer(LocalServer):
             self._counts["bans"] += 1
 
     def _send(self, handler, status, data, headers=()):
-        headers = list(headers)
+        # Discord's answers come through Google's front end; discord.py takes
+        # a 429 without this header for Cloudflare's ban and does not retry it
+        headers = list(headers) + [("Via", "1.1 google")]
         with self._lock:
             self._count_invalid_locked(status, headers, time.monotonic())
         body = b"" if data is None else json.dumps(data, separators=(",", ":")).encode()
@@ -743,9 +749,9 @@ class FakeDiscordServer(LocalServer):
         elif kind == 5:
             message = dict(self._message(channel, "", "deferred", now), flags=128)
         if message is not None:
-            message["interaction_metadata"] = {"id": interaction_id, "type": 2,
-                                               "user": self._bot_user()}
             with self._lock:
+                message["interaction_metadata"] = dict(self._interaction_meta[token])
+                self._stored[channel][message["id"]] = message
                 self._responded[token] = message["id"]
         if request.query and "with_response" in request.query and not request.query.endswith(
                 ("=0", "=false")):
