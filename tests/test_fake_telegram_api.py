@@ -11,11 +11,14 @@ timing.
 
 import http.client
 import json
+import re
 import uuid
+from pathlib import Path
 
 import pytest
 
 from fastdispatch.testing import FakeTelegramServer
+from fastdispatch.testing._telegram import METHODS
 
 PRIVATE, SUPERGROUP, GROUP = 42, -1001234567890, -4123
 
@@ -365,3 +368,13 @@ def test_calls_lists_what_the_bot_did(server):
     assert [(c["method"], c["chat_id"]) for c in server.calls()] == [
         ("sendChatAction", str(PRIVATE)), ("sendMessage", str(PRIVATE))]
     assert server.calls("SENDMESSAGE")[0]["params"]["text"] == "hi"
+
+
+def test_the_docs_methods_table_names_every_method_implemented():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "telegram.md").read_text(
+        encoding="utf-8")
+    table = text.split("<!-- methods-table:start -->")[1].split("<!-- methods-table:end -->")[0]
+    named = set()
+    for line in table.splitlines()[2:]:
+        named.update(re.findall(r"`([a-zA-Z]+)`", line.split("|")[1]))
+    assert named == set(METHODS)

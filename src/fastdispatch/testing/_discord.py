@@ -2,8 +2,12 @@
 
 :class:`FakeDiscordServer` is a real HTTP/1.1 server on 127.0.0.1 (the
 machinery is :class:`~._server.LocalServer`, shared with
-``FakeTelegramServer``) that speaks the part of Discord's REST API a bot
-that replies in text uses, and rate-limits the way Discord does:
+``FakeTelegramServer``) that speaks the part of Discord's REST API a REST
+bot uses (what discord.py's ``Client.login`` and hikari's ``RESTApp`` ask:
+the bot's user and application, the gateway endpoints' answers, channels,
+messages with attachments, edits, bulk deletes, reactions, typing,
+interaction callbacks and follow-ups; the routes are one table,
+:data:`_ROUTES`), and rate-limits the way Discord does:
 
 - per-channel buckets (fixed windows, ``channel_limit`` requests per window,
   Discord's message route is 5 per 5 s), announced on *every* answer in

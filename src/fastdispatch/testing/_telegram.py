@@ -2,9 +2,10 @@
 
 :class:`FakeTelegramServer` is a real HTTP/1.1 server (keep-alive, one
 thread per connection; the machinery is :class:`~._server.LocalServer`) on
-127.0.0.1, on a port the OS picks.  It speaks the part of the Bot API a bot
-that sends text uses, answers as Telegram does (the objects carry the fields
-the Bot API marks required; errors have Telegram's descriptions and
+127.0.0.1, on a port the OS picks.  It speaks the part of the Bot API bots
+use (messages of every kind, files, keyboards and queries, edits, members),
+answers as Telegram does (the objects carry the fields the Bot API marks
+required; errors have Telegram's descriptions and
 ``parameters``), enforces Telegram's rate limits (per chat, per group,
 bot-wide; any sizes, so tests can scale them down) with real ``429``
 answers, injects faults on demand (latency, ``5xx``, dropped connections,
@@ -33,10 +34,12 @@ fastdispatch or with python-telegram-bot, aiogram or pyTelegramBotAPI
 control endpoint on (push updates, inject faults, read the record over
 HTTP), for a bot written in any language.
 
-What it emulates and what it does not is a table in ``docs/telegram.md``.
-The main simplifications: any chat id is a chat (no "chat not found"), text
-only (no files, media, keyboards' effects, ``parse_mode`` rendering), no
-inline mode, payments or channels' own rules.
+The Bot API methods are one table (``_telegram_api.py``).  What it
+emulates and what it does not is a table in ``docs/telegram.md``.  The
+main simplifications: any chat id is a chat (no "chat not found"), files
+are kept but not read (a photo has no real dimensions, a URL is not
+fetched), no ``parse_mode`` rendering, no payments, games or channels' own
+rules.
 
 Chats are typed by their id, as Telegram's are: positive ids are private
 chats, ids from ``-1000000000000`` down are supergroups, other negative ids
@@ -233,10 +236,12 @@ class FakeTelegramServer(LocalServer):
       token's numeric part, as with Telegram.
     - ``chat_limit``, ``group_limit``, ``global_limit``: a
       :class:`~fastdispatch.RateLimit` (or ``(count, per)``) or None (no
-      limit).  ``sendMessage`` to a group (a negative chat id) counts
-      against ``group_limit`` (``chat_limit`` when there is none), to any
-      other chat against ``chat_limit``; every accepted ``sendMessage``
-      counts against ``global_limit``.  Over a limit, the answer is ``429``
+      limit).  Telegram's limits are on messages: a request that creates
+      messages (``send*``, ``copyMessage(s)``, ``forwardMessage(s)``)
+      counts once, to a group (a negative chat id) against ``group_limit``
+      (``chat_limit`` when there is none), to any other chat against
+      ``chat_limit``, and against ``global_limit``; other calls count
+      against none.  Over a limit, the answer is ``429``
       with ``parameters.retry_after``.  Refused sends do not count.
       :func:`telegram_limits` gives Telegram's, scaled.
     - ``exact_retry_after``: by default ``retry_after`` is what the Bot API
@@ -264,7 +269,12 @@ class FakeTelegramServer(LocalServer):
       delete other users' messages there, and ``getChatAdministrators``
       lists it); False: it is a plain member.
     - ``control``: serve ``/control/<action>`` (see
-      :data:`control_actions` and ``docs/telegram.md``).
+      :data:`control_actions` and ``docs/telegram.md``); only JSON
+      requests with this server's ``Host`` and no foreign ``Origin``.
+    - ``max_body`` (1 MiB), ``max_header`` (64 KiB), ``request_timeout``
+      (10 s for a whole request, from its first byte), ``idle_timeout``
+      (60 s), ``max_connections`` (128): the bounds of
+      :class:`~._server.LocalServer`, whatever a client does.
 
     The server is started by :meth:`start` or ``with``; :attr:`base_url` is
     what ``TelegramSender(base_url=...)`` takes.  Costs: the record keeps
