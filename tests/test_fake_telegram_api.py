@@ -378,3 +378,32 @@ def test_the_docs_methods_table_names_every_method_implemented():
     for line in table.splitlines()[2:]:
         named.update(re.findall(r"`([a-zA-Z]+)`", line.split("|")[1]))
     assert named == set(METHODS)
+
+
+HOSTILE = [None, "", "x", "-1", -1, 0, "9" * 40, 10 ** 30, 1e308, True, [], {}, [1, "a"],
+           {"a": [{}]}, "attach://nothing", "https://", "²"]
+
+
+def test_no_value_in_any_parameter_of_any_method_makes_the_server_fail(server):
+    # every method, every parameter it reads, every hostile value: Telegram's
+    # 4xx or a result, never a 500 (an exception in the server)
+    names = ["chat_id", "from_chat_id", "message_id", "message_ids", "text", "caption",
+             "photo", "document", "media", "latitude", "longitude", "options", "question",
+             "reply_markup", "reply_parameters", "results", "callback_query_id",
+             "inline_query_id", "user_id", "permissions", "commands", "scope", "file_id",
+             "action", "emoji", "inline_message_id", "type", "correct_option_id",
+             "parse_mode", "entities", "live_period", "duration", "title", "address",
+             "phone_number", "first_name", "until_date", "language_code", "offset", "timeout"]
+    sent = ok(server, "sendMessage", {"chat_id": PRIVATE, "text": "target",
+                                      "reply_markup": KEYBOARD})
+    for method in METHODS:
+        if method in ("getUpdates", "setWebhook", "close", "logOut"):
+            continue  # a long poll, a webhook delivery: their own tests
+        for value in HOSTILE:
+            params = {name: value for name in names}
+            params.update(chat_id=PRIVATE, message_id=sent["message_id"])
+            status, _ = call(server, method, params)
+            assert status in (200, 400), (method, value, status)
+            status, _ = call(server, method, {name: value for name in names})
+            assert status in (200, 400), (method, value, status)
+    assert server.stats().get("status_500", 0) == 0

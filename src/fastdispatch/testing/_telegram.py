@@ -138,10 +138,13 @@ def chat_type(key: str) -> str:
     return "supergroup" if chat_id <= _SUPERGROUP_BELOW else "group"
 
 
+_NUMERIC_ID = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only: int() takes more
+
+
 def _chat_key_of(chat_id):
     """A chat id as the record keys it (``"42"``, ``"-100123"``, ``"@name"``)."""
     key = str(chat_id).strip()
-    if key.lstrip("-").isdigit():
+    if _NUMERIC_ID.fullmatch(key):
         return str(int(key))
     return key
 
@@ -165,10 +168,6 @@ def _command_entities(text):
 
 def _is_group(key):
     return key[:1] == "-"
-
-
-def _chat_id_value(key):
-    return int(key) if key.lstrip("-").isdigit() else key
 
 
 def _chat_json(key):
@@ -869,7 +868,8 @@ class FakeTelegramServer(LocalServer):
         """The bot's id from a token the server accepts, or None."""
         bot_id, colon, secret = token.partition(":")
         if (self.token is not None and token != self.token) or not (
-                colon and bot_id.isdigit() and secret and len(bot_id) < 16):
+                colon and _NUMERIC_ID.fullmatch(bot_id) and bot_id[0] != "-" and secret
+                and len(bot_id) < 16):
             return None
         return bot_id
 
@@ -1052,7 +1052,7 @@ class FakeTelegramServer(LocalServer):
         if isinstance(chat_id, bool) or not isinstance(chat_id, (int, str)):
             raise _Answer(400, "Bad Request: chat not found")
         key = str(chat_id)
-        if key.lstrip("-").isdigit():
+        if _NUMERIC_ID.fullmatch(key):
             key = str(int(key))
         elif not (key.startswith("@") and len(key) > 1):
             raise _Answer(400, "Bad Request: chat not found")

@@ -323,7 +323,7 @@ def send_media_group(server, params, key):
     group_id = str(server._next_id("media_group"))
     for item in media:
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind not in _GROUPABLE:
+        if not isinstance(kind, str) or kind not in _GROUPABLE:
             raise Answer(400, "Bad Request: wrong media type in the group")
         kinds.add(kind)
         file = file_param(server, params, "media", kind, item.get("media"))
@@ -407,7 +407,7 @@ _DICE = {"🎲": 6, "🎯": 6, "🎳": 6, "🏀": 5, "⚽": 5, "🎰": 64}
 
 def send_dice(server, params, key):
     emoji = params.get("emoji") or "🎲"
-    if emoji not in _DICE:
+    if not isinstance(emoji, str) or emoji not in _DICE:
         raise Answer(400, "Bad Request: invalid dice emoji specified")
     with server._lock:
         value = server._rng.randint(1, _DICE[emoji])
@@ -806,7 +806,7 @@ def get_chat_administrators(server, params, key):
 def send_chat_action(server, params, key):
     from ._telegram import _CHAT_ACTIONS
     action = params.get("action")
-    if action not in _CHAT_ACTIONS:
+    if not isinstance(action, str) or action not in _CHAT_ACTIONS:
         raise Answer(400, "Bad Request: wrong parameter action in request")
     with server._lock:
         server._actions.append((key, action))
