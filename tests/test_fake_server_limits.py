@@ -311,3 +311,8 @@ def call(server, method, params=None):
         return None, repr(exc).encode()
     finally:
         conn.close()
+
+
+def test_an_http_method_the_server_does_not_serve_is_501(server):
+    answer = raw(server, b"BREW /bot1:x/getMe HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert status_of(answer) == 501

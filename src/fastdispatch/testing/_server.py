@@ -371,6 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.timeout = fake.request_timeout
+        if self.command not in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+            return self._refuse(501, "Not Implemented")
         try:
             fake._serve(self)
         except socket.timeout:
