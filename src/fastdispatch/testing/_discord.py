@@ -793,7 +793,10 @@ class FakeDiscordServer(LocalServer):
     def _route_get_followup(self, request, parts):
         app, token, mid = parts
         channel = self._interaction(token, app)
-        return 200, dict(self._stored_message(channel, self._followup_id(token, mid))), []
+        headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
+        with _announcing(headers):
+            return 200, dict(self._stored_message(channel, self._followup_id(token, mid))), \
+                headers
 
     def _route_edit_followup(self, request, parts):
         app, token, mid = parts
@@ -805,12 +808,14 @@ class FakeDiscordServer(LocalServer):
     def _route_delete_followup(self, request, parts):
         app, token, mid = parts
         channel = self._interaction(token, app)
-        message_id = self._followup_id(token, mid)
-        with self._lock:
-            if self._stored.get(channel, {}).pop(message_id, None) is None:
-                raise _error(404, "Unknown Message")
-            self._deleted.append((channel, message_id))
-        return 204, None, []
+        headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
+        with _announcing(headers):
+            message_id = self._followup_id(token, mid)
+            with self._lock:
+                if self._stored.get(channel, {}).pop(message_id, None) is None:
+                    raise _error(404, "Unknown Message")
+                self._deleted.append((channel, message_id))
+        return 204, None, headers
 
 
 def _timestamp():
