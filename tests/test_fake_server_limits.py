@@ -186,7 +186,7 @@ def test_busy_connections_are_bounded_and_the_excess_is_answered_503(server):
     # max_connections slow requests hold every thread; one more client is
     # refused at once (503, or a reset if its request came after the close)
     # instead of queueing without end
-    server.inject("delay", server.max_connections, method="getMe", seconds=1.0)
+    server.inject("delay", server.max_connections, method="getMe", seconds=2.0)
     held = [threading.Thread(target=call, args=(server, "getMe"))
             for _ in range(server.max_connections)]
     for t in held:
