@@ -96,3 +96,32 @@ def test_an_interaction_is_acknowledged_once_and_its_answer_edited(server):
     assert call(server, "GET", original, auth=False)[0] == 404
     gateway = call(server, "GET", "gateway/bot")[1]
     assert gateway["shards"] == 1 and gateway["url"].startswith("wss://")
+
+
+HOSTILE = [None, "", "x", -1, 10 ** 30, 1e308, True, [], {}, [1, "a"], {"a": [{}]}, "²" * 3000]
+
+
+def test_no_body_makes_any_route_fail():
+    # every route, hostile JSON in every field it reads: Discord's 4xx or a
+    # result, never a 500 (an exception in the server); no limits, to see them all
+    with FakeDiscordServer("tok", channel_limit=None, global_limit=None) as server:
+        every_route_with_hostile_bodies(server)
+
+
+def every_route_with_hostile_bodies(server):
+    interaction = server.make_interaction(CHANNEL, "ask")
+    mid = call(server, "POST", "channels/%s/messages" % CHANNEL, {"content": "t"})[1]["id"]
+    app, token = server.application_id, interaction["token"]
+    paths = [("POST", "channels/%s/messages" % CHANNEL), ("PATCH", "channels/%s/messages/%s"
+                                                          % (CHANNEL, mid)),
+             ("POST", "channels/%s/messages/bulk-delete" % CHANNEL),
+             ("POST", "interactions/%s/%s/callback" % (interaction["id"], token)),
+             ("POST", "webhooks/%s/%s" % (app, token)),
+             ("PATCH", "webhooks/%s/%s/messages/@original" % (app, token))]
+    for value in HOSTILE:
+        for body in ({"content": value, "embeds": value, "messages": value, "type": value,
+                      "data": value}, value):
+            for method, path in paths:
+                status = call(server, method, path, body)[0]
+                assert status in (200, 204, 400, 403, 404), (method, path, body, status)
+    assert server.stats().get("status_500", 0) == 0
