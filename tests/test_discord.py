@@ -453,7 +453,7 @@ def test_command_line_fake_discord_is_controllable_over_http():
 
         def call(action, **kwargs):
             req = urllib.request.Request(control + "/" + action, data=json.dumps(
-                kwargs).encode(), method="POST")
+                kwargs).encode(), method="POST", headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=10) as answer:
                 return json.loads(answer.read())["result"]
         assert len(call("public_key")) == 64

@@ -57,6 +57,8 @@ OPERATIONS = [
     ("get_chat", "getChat"),
     ("admins", "getChatAdministrators"),
     ("long_poll", "getUpdates, update pushed mid-poll"),
+    ("upload_photo", "sendPhoto, an upload (multipart)"),
+    ("callback", "inline keyboard, callback query, answerCallbackQuery"),
     ("flood", "flood: 429 from the chat limit"),
     ("migrated", "a group that became a supergroup"),
     ("error_502", "injected 502 (Telegram's JSON)"),
@@ -133,6 +135,17 @@ class PTB(AsyncClient):
     def updates(self, timeout):
         return self.run(self.bot.get_updates(timeout=timeout))
 
+    def photo(self, chat, data):
+        return self.run(self.bot.send_photo(chat, photo=data, caption="a photo"))
+
+    def keyboard(self, chat, text, data):
+        from telegram import InlineKeyboardButton, InlineKeyboardMarkup
+        return self.run(self.bot.send_message(chat, text, reply_markup=InlineKeyboardMarkup(
+            [[InlineKeyboardButton("Yes", callback_data=data)]])))
+
+    def answer(self, query_id, text):
+        return self.run(self.bot.answer_callback_query(query_id, text=text))
+
     def flood_seconds(self, exc):
         assert isinstance(exc, self.errors.RetryAfter)
         with warnings.catch_warnings():  # PTB 22.2+: "will become a timedelta"
@@ -177,6 +190,19 @@ class Aiogram(AsyncClient):
 
     def updates(self, timeout):
         return self.run(self.bot.get_updates(timeout=timeout, request_timeout=timeout + 10))
+
+    def photo(self, chat, data):
+        from aiogram.types import BufferedInputFile
+        return self.run(self.bot.send_photo(chat, BufferedInputFile(data, "photo.png"),
+                                            caption="a photo"))
+
+    def keyboard(self, chat, text, data):
+        from aiogram.types import InlineKeyboardButton, InlineKeyboardMarkup
+        return self.run(self.bot.send_message(chat, text, reply_markup=InlineKeyboardMarkup(
+            inline_keyboard=[[InlineKeyboardButton(text="Yes", callback_data=data)]])))
+
+    def answer(self, query_id, text):
+        return self.run(self.bot.answer_callback_query(query_id, text=text))
 
     def flood_seconds(self, exc):
         assert isinstance(exc, self.errors.TelegramRetryAfter)
@@ -229,6 +255,18 @@ class TeleBot:
 
     def updates(self, timeout):
         return self.bot.get_updates(timeout=timeout + 10, long_polling_timeout=timeout)
+
+    def photo(self, chat, data):
+        return self.bot.send_photo(chat, data, caption="a photo")
+
+    def keyboard(self, chat, text, data):
+        from telebot import types
+        markup = types.InlineKeyboardMarkup()
+        markup.add(types.InlineKeyboardButton("Yes", callback_data=data))
+        return self.bot.send_message(chat, text, reply_markup=markup)
+
+    def answer(self, query_id, text):
+        return self.bot.answer_callback_query(query_id, text=text)
 
     def flood_seconds(self, exc):
         assert isinstance(exc, self.apihelper.ApiTelegramException) and exc.error_code == 429
@@ -361,6 +399,29 @@ def op_long_poll(client, server):
     assert updates[0].message.chat.id == PRIVATE
     assert 0.4 <= took < 8, took  # it waited for the update, not for the timeout
     return "%s, returned when the update came" % shown(updates)
+
+
+def op_upload_photo(client, server):
+    data = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40  # 10 KiB, every byte value
+    message = client.photo(PRIVATE, data)
+    assert message.caption == "a photo" and message.from_user.id == BOT_ID
+    assert message.photo[-1].file_size == len(data)
+    assert server.file_data(message.photo[-1].file_id) == data  # arrived whole
+    assert [m.kind for m in server.messages(PRIVATE)] == ["photo"]
+    client.send(PRIVATE, "after")  # the keep-alive connection is still good
+    return shown(message)
+
+
+def op_callback(client, server):
+    sent = client.keyboard(PRIVATE, "Sure?", "yes")
+    update_id = server.push_callback_query(PRIVATE, sent.message_id, "yes")
+    updates = client.updates(1)
+    query = updates[-1].callback_query
+    assert query.data == "yes" and query.message.message_id == sent.message_id
+    assert query.from_user.id == PRIVATE
+    result = client.answer(query.id, "Done")
+    assert result is True and server.answer_to(update_id)["text"] == "Done"
+    return shown(result)
 
 
 def op_flood(client, server):

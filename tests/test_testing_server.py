@@ -65,7 +65,7 @@ def test_any_token_is_accepted_unless_one_is_given():
 
 
 def test_unknown_methods_and_paths_are_404_not_found_like_telegram(server):
-    assert call(server, "sendSticker") == (404, {"ok": False, "error_code": 404,
+    assert call(server, "sendInvoice") == (404, {"ok": False, "error_code": 404,
                                                  "description": "Not Found"})
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
     conn.request("GET", "/nothing/here")

@@ -7,9 +7,14 @@ serves until SIGTERM or Ctrl-C, then prints its counters as one line of
 JSON.  The control endpoint (``POST <control URL>/<action>`` with a JSON
 object of keyword arguments) offers what the Python API does::
 
-    curl -s -X POST http://127.0.0.1:PORT/control/push_message \\
-         -d '{"chat_id": 42, "text": "/start"}'
-    curl -s -X POST http://127.0.0.1:PORT/control/messages -d '{"chat_id": 42}'
+    curl -s -H 'Content-Type: application/json' \\
+         -X POST http://127.0.0.1:PORT/control/push_message -d '{"chat_id": 42, "text": "/start"}'
+    curl -s -H 'Content-Type: application/json' \\
+         -X POST http://127.0.0.1:PORT/control/messages -d '{"chat_id": 42}'
+
+Only requests a web page in a browser cannot forge are obeyed: ``Content-Type:
+application/json``, ``Host`` the server's own address and port, no foreign
+``Origin``.
 
 With ``--discord`` the first line is the API's base URL (``.../api/v10``)
 and the actions are FakeDiscordServer's (``public_key``,

@@ -2,8 +2,12 @@
 
 :class:`FakeDiscordServer` is a real HTTP/1.1 server on 127.0.0.1 (the
 machinery is :class:`~._server.LocalServer`, shared with
-``FakeTelegramServer``) that speaks the part of Discord's REST API a bot
-that replies in text uses, and rate-limits the way Discord does:
+``FakeTelegramServer``) that speaks the part of Discord's REST API a REST
+bot uses (what discord.py's ``Client.login`` and hikari's ``RESTApp`` ask:
+the bot's user and application, the gateway endpoints' answers, channels,
+messages with attachments, edits, bulk deletes, reactions, typing,
+interaction callbacks and follow-ups; the routes are one table,
+:data:`_ROUTES`), and rate-limits the way Discord does:
 
 - per-channel buckets (fixed windows, ``channel_limit`` requests per window,
   Discord's message route is 5 per 5 s), announced on *every* answer in
@@ -38,13 +42,14 @@ import http.client
 import itertools
 import json
 import math
+import re
 import secrets
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..pacing import RateLimit
-from ._server import LocalServer, as_limit as _as_limit
+from ._server import BadParams, LocalServer, Upload, as_limit as _as_limit, parse_params
 
 __all__ = ["FakeDiscordServer", "DiscordMessage", "discord_limits"]
 
@@ -147,7 +152,8 @@ class FakeDiscordServer(LocalServer):
     thread_name = "fake-discord"
     default_fault_method = "create_message"
     control_actions = LocalServer.control_actions + (
-        "set_channel_status", "deleted", "typing", "invalid_requests", "banned",
+        "set_channel_status", "deleted", "typing", "edits", "reactions", "calls",
+        "invalid_requests", "banned",
         "public_key", "make_interaction", "post_interaction")
 
     def __init__(self, token: Optional[str] = None, *,
@@ -156,7 +162,7 @@ class FakeDiscordServer(LocalServer):
                  invalid_request_limit: int = 10000, invalid_request_window: float = 600.0,
                  ban_seconds: float = 3600.0, latency: Any = 0.0, seed: Optional[int] = None,
                  max_body: int = 1 << 20, control: bool = False, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, **server_options: Any) -> None:
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str or None")
         if isinstance(invalid_request_limit, bool) or not isinstance(
@@ -179,7 +185,7 @@ class FakeDiscordServer(LocalServer):
         self.application_id = "1100000000000000001"
         self._ids = itertools.count(1)
         super().__init__(latency=latency, seed=seed, max_body=max_body, host=host,
-                         port=port, control=control)
+                         port=port, control=control, **server_options)
 
     def _reset_state(self):
         # Called with _lock held (or before the server runs).
@@ -190,7 +196,13 @@ class FakeDiscordServer(LocalServer):
         self._banned_until = 0.0
         self._channel_status: Dict[str, int] = {}
         self._interactions: Dict[str, str] = {}  # interaction token -> channel id
-        self._stored: Dict[str, set] = collections.defaultdict(set)
+        self._interaction_ids: Dict[str, str] = {}  # interaction token -> its id
+        self._interaction_meta: Dict[str, Dict[str, Any]] = {}  # token -> metadata
+        self._responded: Dict[str, Optional[str]] = {}  # token -> original message id
+        self._stored: Dict[str, Dict[str, Dict[str, Any]]] = collections.defaultdict(dict)
+        self._reactions: Dict[tuple, List[str]] = {}  # (channel, message) -> the bot's
+        self._edits: List[tuple] = []  # (channel, message id, content after the edit)
+        self._calls: List[tuple] = []  # (route, path parts, at) of each success
         self._deleted: List[tuple] = []
         self._typing: List[tuple] = []
 
@@ -253,6 +265,23 @@ class FakeDiscordServer(LocalServer):
         with self._lock:
             return list(self._typing)
 
+    def edits(self) -> List[tuple]:
+        """``(channel_id, message_id, content)`` of every edit, in order."""
+        with self._lock:
+            return list(self._edits)
+
+    def reactions(self, channel_id: Any, message_id: Any) -> List[str]:
+        """The emojis the bot's reactions on a message show now."""
+        with self._lock:
+            return list(self._reactions.get((str(channel_id), str(message_id)), []))
+
+    def calls(self) -> List[tuple]:
+        """``(route, path parts, at)`` of every successful request, in order
+        (routes: ``me``, ``create_message``, ``edit_message``,
+        ``bulk_delete``, ``add_reaction``, ``interaction_callback``, ...)."""
+        with self._lock:
+            return list(self._calls)
+
     def invalid_requests(self) -> int:
         """Invalid answers (401/403/429, shared 429s excepted) in the window now."""
         with self._lock:
@@ -283,12 +312,17 @@ class FakeDiscordServer(LocalServer):
         it land in ``channel_id``'s record."""
         token = "aW50ZXJhY3Rpb24" + secrets.token_urlsafe(48)
         channel = str(channel_id)
-        with self._lock:
-            self._interactions[token] = channel
+        interaction_id = self._snowflake()
         user = {"id": str(user_id), "username": username, "discriminator": "0",
                 "global_name": username, "avatar": None}
+        with self._lock:
+            self._interactions[token] = channel
+            self._interaction_ids[token] = interaction_id
+            self._interaction_meta[token] = {
+                "id": interaction_id, "type": interaction_type, "user": user,
+                "authorizing_integration_owners": {"0": str(guild_id)}}
         payload: Dict[str, Any] = {
-            "id": self._snowflake(), "application_id": self.application_id,
+            "id": interaction_id, "application_id": self.application_id,
             "type": interaction_type, "token": token, "version": 1,
             "app_permissions": "2248473465835073", "locale": "en-US",
             "entitlements": [], "authorizing_integration_owners": {"0": str(guild_id)},
@@ -365,7 +399,9 @@ class FakeDiscordServer(LocalServer):
             self._counts["bans"] += 1
 
     def _send(self, handler, status, data, headers=()):
-        headers = list(headers)
+        # Discord's answers come through Google's front end; discord.py takes
+        # a 429 without this header for Cloudflare's ban and does not retry it
+        headers = list(headers) + [("Via", "1.1 google")]
         with self._lock:
             self._count_invalid_locked(status, headers, time.monotonic())
         body = b"" if data is None else json.dumps(data, separators=(",", ":")).encode()
@@ -390,12 +426,12 @@ class FakeDiscordServer(LocalServer):
         path = request.path
         if not path.startswith("/api/v10/"):
             return self._send(handler, 404, {"message": "404: Not Found", "code": 0})
-        parts = path[len("/api/v10/"):].split("/")
-        route = _route(request.command, parts)
-        if route is None:
+        found = _route(request.command, path[len("/api/v10/"):])
+        if found is None:
             return self._send(handler, 404, {"message": "404: Not Found", "code": 0})
+        route, parts = found
         try:
-            if route != "followup":
+            if not route.endswith("followup") and route != "interaction_callback":
                 self._check_auth(request)
             fault, options = self._pick_fault(route)
             if fault == "delay":
@@ -410,6 +446,9 @@ class FakeDiscordServer(LocalServer):
                 raise self._too_many(options["retry_after"],
                                      "global" if options["is_global"] else "user")
             status, data, headers = getattr(self, "_route_" + route)(request, parts)
+            if status < 300:
+                with self._lock:
+                    self._calls.append((route, parts, time.monotonic()))
         except _Reply as reply:
             return self._send(handler, reply.status, reply.body, reply.headers)
         self._hold_answer()
@@ -480,15 +519,39 @@ class FakeDiscordServer(LocalServer):
         if status is not None:
             raise _error(status, _CHANNEL_ERRORS[status])
 
-    def _content(self, request):
+    def _payload(self, request):
+        """The request's JSON body (or a multipart one's ``payload_json``)
+        and its files (``files[n]``) as attachments."""
         try:
-            data = json.loads(request.body) if request.body else None
-        except ValueError:
-            data = None
+            params = parse_params("", request.headers.get("Content-Type") or "application/json",
+                                  request.body)
+        except BadParams:
+            raise _Reply(400, {"message": "400: Bad Request", "code": 0}) from None
+        data = params
+        if "payload_json" in params:
+            try:
+                data = json.loads(params["payload_json"])
+            except (TypeError, ValueError, RecursionError):
+                data = None
         if not isinstance(data, dict):
             raise _Reply(400, {"message": "400: Bad Request", "code": 0})
+        files = [(name, v) for name, v in params.items() if isinstance(v, Upload)]
+        attachments = [{"id": self._snowflake(), "filename": upload.filename,
+                        "size": len(upload.data), "content_type": upload.content_type,
+                        "url": "%s/attachments/%s" % (self.base_url, upload.filename),
+                        "proxy_url": "%s/attachments/%s" % (self.base_url, upload.filename)}
+                       for _, upload in files]
+        return data, attachments
+
+    def _content(self, data, attachments=(), required=True):
+        """The message's ``content`` checked as Discord checks it."""
         content = data.get("content")
-        if not isinstance(content, str) or not content:
+        if content is None and not required:
+            return None
+        if content is None and (attachments or data.get("embeds")):
+            return ""
+        if not isinstance(content, str) or not content and not (
+                attachments or data.get("embeds")):
             raise _error(400, "Cannot send an empty message")
         if len(content) > 2000:
             raise _Reply(400, {"message": "Invalid Form Body", "code": 50035, "errors": {
@@ -496,61 +559,267 @@ class FakeDiscordServer(LocalServer):
                                          "message": "Must be 2000 or fewer in length."}]}}})
         return content
 
-    def _message(self, channel, content, kind, now):
+    def _bot_user(self):
+        return {"id": self.application_id, "username": "fake-bot", "discriminator": "0",
+                "global_name": None, "avatar": None, "bot": True, "flags": 0,
+                "public_flags": 0}
+
+    def _message(self, channel, content, kind, now, attachments=(), embeds=None):
         message_id = self._snowflake()
+        message = {"id": message_id, "channel_id": channel, "type": 0, "content": content,
+                   "author": self._bot_user(), "attachments": list(attachments),
+                   "embeds": list(embeds or []), "mentions": [], "mention_roles": [],
+                   "pinned": False, "mention_everyone": False, "tts": False,
+                   "timestamp": _timestamp(), "edited_timestamp": None, "flags": 0,
+                   "components": []}
         with self._lock:
             self._record.add(channel, DiscordMessage(channel, message_id, content, now, kind))
-            self._stored[channel].add(message_id)
-        return {"id": message_id, "channel_id": channel, "type": 0, "content": content,
-                "author": {"id": "1100000000000000001", "username": "fake-bot",
-                           "discriminator": "0", "global_name": None, "avatar": None,
-                           "bot": True},
-                "attachments": [], "embeds": [], "mentions": [], "mention_roles": [],
-                "pinned": False, "mention_everyone": False, "tts": False,
-                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000000+00:00", time.gmtime()),
-                "edited_timestamp": None, "flags": 0, "components": []}
+            self._stored[channel][message_id] = message
+        return dict(message)
+
+    def _stored_message(self, channel, message_id):
+        with self._lock:
+            message = self._stored.get(channel, {}).get(message_id)
+        if message is None:
+            raise _error(404, "Unknown Message")
+        return message
+
+    def _edit(self, channel, message_id, request):
+        """Edit a stored message of the bot: its content, embeds, attachments."""
+        data, attachments = self._payload(request)
+        content = self._content(data, attachments, required=False)
+        with self._lock:
+            message = self._stored.get(channel, {}).get(message_id)
+            if message is None:
+                raise _error(404, "Unknown Message")
+            if message["author"]["id"] != self.application_id:
+                raise _error(403, "Cannot edit a message authored by another user")
+            if content is not None:
+                message["content"] = content
+            if "embeds" in data:
+                message["embeds"] = list(data["embeds"] or [])
+            if attachments:
+                message["attachments"] = message["attachments"] + attachments
+            message["edited_timestamp"] = _timestamp()
+            self._edits.append((channel, message_id, message["content"]))
+            return dict(message)
+
+    # -- routes: the bot --------------------------------------------------------
+
+    def _route_me(self, request, parts):
+        return 200, dict(self._bot_user(), mfa_enabled=False, verified=True, locale="en-US",
+                         bio=""), self._take(_route_hash("GET users/@me"), "me", None, True)
+
+    def _route_gateway(self, request, parts):
+        return 200, {"url": "wss://gateway.discord.gg"}, []
+
+    def _route_gateway_bot(self, request, parts):
+        # What Discord answers; the fake has no gateway to connect to.
+        return 200, {"url": "wss://gateway.discord.gg", "shards": 1,
+                     "session_start_limit": {"total": 1000, "remaining": 1000,
+                                             "reset_after": 0, "max_concurrency": 1}}, []
+
+    def _route_application(self, request, parts):
+        return 200, {"id": self.application_id, "name": "fake-bot", "icon": None,
+                     "description": "", "summary": "", "bot_public": True,
+                     "bot_require_code_grant": False, "verify_key": self.public_key,
+                     "flags": 0, "team": None, "owner": dict(self._bot_user(), bot=False),
+                     "bot": self._bot_user(), "rpc_origins": []}, []
+
+    # -- routes: channels and messages -----------------------------------------------
+
+    def _route_get_channel(self, request, parts):
+        channel = parts[0]
+        self._channel(channel)
+        return 200, {"id": channel, "type": 0, "guild_id": "3300000000000000003",
+                     "name": "channel-%s" % channel, "position": 0,
+                     "permission_overwrites": [], "nsfw": False, "parent_id": None,
+                     "topic": None, "last_message_id": None, "rate_limit_per_user": 0,
+                     "flags": 0}, []
 
     def _route_create_message(self, request, parts):
-        channel = parts[1]
+        channel = parts[0]
         now = time.monotonic()
         headers = self._take(_MESSAGES_ROUTE, channel, self.channel_limit, True)
         with _announcing(headers):
             self._channel(channel)
-            content = self._content(request)
-        return 200, self._message(channel, content, "message", now), headers
+            data, attachments = self._payload(request)
+            content = self._content(data, attachments)
+        return 200, self._message(channel, content, "message", now, attachments,
+                                  data.get("embeds")), headers
 
-    def _route_followup(self, request, parts):
-        app, token = parts[1], parts[2]
-        now = time.monotonic()
-        with self._lock:
-            channel = self._interactions.get(token)
-        if app != self.application_id or channel is None:
-            raise _error(404, "Unknown Webhook")
-        headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
+    def _route_get_message(self, request, parts):
+        channel, message_id = parts
+        headers = self._take(_route_hash("GET message"), channel, self.channel_limit, True)
         with _announcing(headers):
-            content = self._content(request)
-        return 200, self._message(channel, content, "followup", now), headers
+            self._channel(channel)
+            return 200, dict(self._stored_message(channel, message_id)), headers
+
+    def _route_edit_message(self, request, parts):
+        channel, message_id = parts
+        headers = self._take(_route_hash("PATCH message"), channel, self.channel_limit, True)
+        with _announcing(headers):
+            self._channel(channel)
+            return 200, self._edit(channel, message_id, request), headers
 
     def _route_delete_message(self, request, parts):
-        channel, message_id = parts[1], parts[3]
+        channel, message_id = parts
         headers = self._take(_route_hash("DELETE message"), channel, self.channel_limit, True)
         with _announcing(headers):
             self._channel(channel)
             with self._lock:
                 if message_id not in self._stored.get(channel, ()):
                     raise _error(404, "Unknown Message")
-                self._stored[channel].discard(message_id)
+                del self._stored[channel][message_id]
                 self._deleted.append((channel, message_id))
         return 204, None, headers
 
+    def _route_bulk_delete(self, request, parts):
+        channel = parts[0]
+        headers = self._take(_route_hash("POST bulk-delete"), channel, self.channel_limit,
+                             True)
+        with _announcing(headers):
+            self._channel(channel)
+            data, _ = self._payload(request)
+            ids = data.get("messages")
+            if not isinstance(ids, list) or not 2 <= len(ids) <= 100:
+                raise _Reply(400, {"message": "Invalid Form Body", "code": 50035, "errors": {
+                    "messages": {"_errors": [{"code": "BASE_TYPE_BAD_LENGTH",
+                                              "message": "Must be between 2 and 100 in "
+                                                         "length."}]}}})
+            with self._lock:
+                # Discord: ids that do not exist are skipped (and still count)
+                for message_id in map(str, ids):
+                    if self._stored.get(channel, {}).pop(message_id, None) is not None:
+                        self._deleted.append((channel, message_id))
+        return 204, None, headers
+
+    def _route_add_reaction(self, request, parts, add=True):
+        channel, message_id, emoji = parts
+        headers = self._take(_route_hash("reactions"), channel, self.channel_limit, True)
+        with _announcing(headers):
+            self._channel(channel)
+            self._stored_message(channel, message_id)
+            emoji = unquote(emoji)
+            with self._lock:
+                mine = self._reactions.setdefault((channel, message_id), [])
+                if add and emoji not in mine:
+                    mine.append(emoji)
+                elif not add and emoji in mine:
+                    mine.remove(emoji)
+        return 204, None, headers
+
+    def _route_remove_reaction(self, request, parts):
+        return self._route_add_reaction(request, parts, add=False)
+
     def _route_typing(self, request, parts):
-        channel = parts[1]
+        channel = parts[0]
         headers = self._take(_route_hash("POST typing"), channel, self.channel_limit, True)
         with _announcing(headers):
             self._channel(channel)
         with self._lock:
             self._typing.append((channel, time.monotonic()))
         return 204, None, headers
+
+    # -- routes: interactions ------------------------------------------------------------
+
+    def _interaction(self, token, app=None):
+        with self._lock:
+            channel = self._interactions.get(token)
+        if channel is None or app not in (None, self.application_id):
+            raise _error(404, "Unknown Webhook")
+        return channel
+
+    def _route_interaction_callback(self, request, parts):
+        interaction_id, token = parts
+        now = time.monotonic()
+        channel = self._interaction(token)
+        with self._lock:
+            if self._interaction_ids.get(token) != interaction_id:
+                raise _error(404, "Unknown Interaction")
+        data, attachments = self._payload(request)
+        kind = data.get("type")
+        if kind not in (1, 4, 5, 6, 7, 9, 10):
+            raise _Reply(400, {"message": "Invalid Form Body", "code": 50035})
+        with self._lock:
+            if token in self._responded:
+                raise _error(400, "Interaction has already been acknowledged.")
+            self._responded[token] = None
+        message = None
+        body = data.get("data") or {}
+        if kind == 4:
+            message = self._message(channel, self._content(body, attachments), "response",
+                                    now, attachments, body.get("embeds"))
+        elif kind == 5:
+            message = dict(self._message(channel, "", "deferred", now), flags=128)
+        if message is not None:
+            with self._lock:
+                message["interaction_metadata"] = dict(self._interaction_meta[token])
+                self._stored[channel][message["id"]] = message
+                self._responded[token] = message["id"]
+        if request.query and "with_response" in request.query and not request.query.endswith(
+                ("=0", "=false")):
+            answer = {"interaction": {"id": interaction_id, "type": 2,
+                                      "response_message_id": message and message["id"],
+                                      "response_message_loading": kind == 5,
+                                      "response_message_ephemeral": bool(
+                                          (body.get("flags") or 0) & 64)},
+                      "resource": {"type": kind}}
+            if message is not None:
+                answer["resource"]["message"] = message
+            return 200, answer, []
+        return 204, None, []
+
+    def _route_followup(self, request, parts):
+        app, token = parts
+        now = time.monotonic()
+        channel = self._interaction(token, app)
+        headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
+        with _announcing(headers):
+            data, attachments = self._payload(request)
+            content = self._content(data, attachments)
+        return 200, self._message(channel, content, "followup", now, attachments,
+                                  data.get("embeds")), headers
+
+    def _followup_id(self, token, mid):
+        if mid != "@original":
+            return mid
+        with self._lock:
+            original = self._responded.get(token)
+        if original is None:
+            raise _error(404, "Unknown Message")
+        return original
+
+    def _route_get_followup(self, request, parts):
+        app, token, mid = parts
+        channel = self._interaction(token, app)
+        headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
+        with _announcing(headers):
+            return 200, dict(self._stored_message(channel, self._followup_id(token, mid))), \
+                headers
+
+    def _route_edit_followup(self, request, parts):
+        app, token, mid = parts
+        channel = self._interaction(token, app)
+        headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
+        with _announcing(headers):
+            return 200, self._edit(channel, self._followup_id(token, mid), request), headers
+
+    def _route_delete_followup(self, request, parts):
+        app, token, mid = parts
+        channel = self._interaction(token, app)
+        headers = self._take(_WEBHOOK_ROUTE, token, self.channel_limit, False)
+        with _announcing(headers):
+            message_id = self._followup_id(token, mid)
+            with self._lock:
+                if self._stored.get(channel, {}).pop(message_id, None) is None:
+                    raise _error(404, "Unknown Message")
+                self._deleted.append((channel, message_id))
+        return 204, None, headers
+
+
+def _timestamp():
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000000+00:00", time.gmtime())
 
 
 class _announcing:
@@ -569,18 +838,45 @@ class _announcing:
         return False
 
 
-def _route(command, parts):
-    if len(parts) == 3 and parts[0] == "channels" and parts[2] == "messages" \
-            and command == "POST" and parts[1].isdigit():
-        return "create_message"
-    if len(parts) == 4 and parts[0] == "channels" and parts[2] == "messages" \
-            and command == "DELETE" and parts[1].isdigit() and parts[3].isdigit():
-        return "delete_message"
-    if len(parts) == 3 and parts[0] == "channels" and parts[2] == "typing" \
-            and command == "POST" and parts[1].isdigit():
-        return "typing"
-    if len(parts) == 3 and parts[0] == "webhooks" and command == "POST" and parts[1].isdigit():
-        return "followup"
+#: Discord's routes the fake serves: (HTTP method, path pattern, route name).
+#: ``{id}`` is a snowflake, ``{token}`` an interaction token, ``{emoji}`` a
+#: URL-encoded emoji, ``{mid}`` a message id or ``@original``.
+_ROUTES = [
+    ("GET", "users/@me", "me"),
+    ("GET", "gateway", "gateway"),
+    ("GET", "gateway/bot", "gateway_bot"),
+    ("GET", "oauth2/applications/@me", "application"),
+    ("GET", "applications/@me", "application"),
+    ("GET", "channels/{id}", "get_channel"),
+    ("POST", "channels/{id}/messages", "create_message"),
+    ("GET", "channels/{id}/messages/{id}", "get_message"),
+    ("PATCH", "channels/{id}/messages/{id}", "edit_message"),
+    ("DELETE", "channels/{id}/messages/{id}", "delete_message"),
+    ("POST", "channels/{id}/messages/bulk-delete", "bulk_delete"),
+    ("POST", "channels/{id}/messages/bulk_delete", "bulk_delete"),
+    ("PUT", "channels/{id}/messages/{id}/reactions/{emoji}/@me", "add_reaction"),
+    ("DELETE", "channels/{id}/messages/{id}/reactions/{emoji}/@me", "remove_reaction"),
+    ("POST", "channels/{id}/typing", "typing"),
+    ("POST", "interactions/{id}/{token}/callback", "interaction_callback"),
+    ("POST", "webhooks/{id}/{token}", "followup"),
+    ("GET", "webhooks/{id}/{token}/messages/{mid}", "get_followup"),
+    ("PATCH", "webhooks/{id}/{token}/messages/{mid}", "edit_followup"),
+    ("DELETE", "webhooks/{id}/{token}/messages/{mid}", "delete_followup"),
+]
+_PIECES = {"{id}": r"[0-9]{1,20}", "{token}": r"[A-Za-z0-9_\-.]{1,200}",
+           "{emoji}": r"[^/]{1,200}", "{mid}": r"(?:[0-9]{1,20}|@original)"}
+_ROUTE_PATTERNS = [(method, re.compile("/".join(
+    "(%s)" % _PIECES[piece] if piece in _PIECES else re.escape(piece)
+    for piece in pattern.split("/"))), name) for method, pattern, name in _ROUTES]
+
+
+def _route(command, path):
+    """(route name, the path's variable parts) or None."""
+    for method, pattern, name in _ROUTE_PATTERNS:
+        if method == command:
+            match = pattern.fullmatch(path)
+            if match:
+                return name, match.groups()
     return None
 
 

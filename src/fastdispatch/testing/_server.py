@@ -9,10 +9,20 @@ tests, nothing about a platform.
   library's ``ThreadingHTTPServer``), on 127.0.0.1 and a port the OS picks;
   ``start()``/``stop()`` or ``with``; ``stop()`` ends long polls and closes
   every open connection.
-- **Requests**: :meth:`LocalServer._serve` reads the body (at most
-  ``max_body`` bytes: 413 beyond), answers ``/control/...`` itself when the
-  control endpoint is on, and hands everything else to the platform's
-  :meth:`LocalServer._handle_request` as a :class:`Request`.
+- **Bounded, whatever the client does**: at most ``max_connections``
+  connections (so threads) at once: one more takes the place of a
+  connection idle between requests, or is answered 503 when all are busy; a
+  connection idle for ``idle_timeout`` is closed; a request's head (request
+  line and headers, at most ``max_header`` bytes: 431 beyond) and body must
+  all arrive within ``request_timeout`` of its first byte (one deadline for
+  the whole request, not per read: 408 past it), and an answer must be taken
+  within ``request_timeout`` too.
+- **Requests**: :meth:`LocalServer._serve` reads the body, framed by
+  ``Content-Length`` or ``Transfer-Encoding: chunked`` (at most ``max_body``
+  bytes either way: 413 beyond, and the connection is closed), answers
+  ``/control/...`` itself when the control endpoint is on, and hands
+  everything else to the platform's :meth:`LocalServer._handle_request` as a
+  :class:`Request`.
   :func:`parse_params` reads parameters from the query string and from
   ``application/json``, ``application/x-www-form-urlencoded`` and
   ``multipart/form-data`` bodies.
@@ -35,7 +45,11 @@ tests, nothing about a platform.
   server's method of that name among :attr:`LocalServer.control_actions`
   and answers ``{"ok": true, "result": ...}`` (400 ``{"ok": false,
   "error": ...}`` for bad arguments, 404 for an unknown action).  A
-  platform adds its own actions to the tuple.
+  platform adds its own actions to the tuple.  Only a request a browser
+  cannot forge is obeyed: ``Content-Type: application/json`` (415
+  otherwise), ``Host`` this server's address and port, and no foreign
+  ``Origin`` (403 otherwise): a web page cannot drive it, by a cross-site
+  request or by DNS rebinding.
 
 Threads and locks.  Request handlers run on the server's connection threads.
 ``_lock`` guards all mutable state of the server and of its subclass (the
@@ -45,6 +59,7 @@ record, the fault plan, the counters, and whatever the platform keeps);
 """
 
 import collections
+import io
 import json
 import logging
 import math
@@ -52,6 +67,7 @@ import random
 import socket
 import sys
 import threading
+import time
 from email import policy as _email_policy
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,7 +77,7 @@ from urllib.parse import parse_qsl
 from ..pacing import RateLimit
 
 __all__ = ["LocalServer", "Request", "FaultPlan", "Record", "Upload", "BadParams",
-           "parse_params", "check_latency", "as_limit"]
+           "parse_params", "parse_length", "check_latency", "as_limit"]
 
 _log = logging.getLogger("fastdispatch.testing")
 
@@ -157,6 +173,16 @@ def _parse_multipart(content_type, body):
     return params
 
 
+def parse_length(text: str, base: int = 10) -> Optional[int]:
+    """A byte count from the network (``Content-Length``, a chunk size): ASCII
+    digits only (hexadecimal ones for ``base=16``), at most 15 of them; None
+    otherwise (``int()`` would take "+1", " 1", "1_0" or "\u00b2"-like digits)."""
+    allowed = "0123456789abcdefABCDEF" if base == 16 else "0123456789"
+    if not text or len(text) > 15 or text.strip(allowed):
+        return None
+    return int(text, base)
+
+
 def check_latency(latency: Any) -> Any:
     """``latency`` (seconds >= 0, or a ``(low, high)`` tuple of them) as
     floats, or ``ValueError``."""
@@ -250,6 +276,39 @@ class Record:
         return len(self._order)
 
 
+class _DeadlineSocketReader(io.RawIOBase):
+    """The connection's bytes, each read bounded by the current deadline:
+    a request's reads share one deadline (a client that drips a header line
+    every few seconds is cut off when the request's time is up, not when
+    one read is slow)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline = math.inf
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the request's deadline has passed")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+class _TooLarge(Exception):
+    """A request's head or body is over its limit (``status``: 431 or 413)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _BadBody(Exception):
+    """A request's framing cannot be read (a bad ``Content-Length`` or chunk)."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -258,26 +317,116 @@ class _Handler(BaseHTTPRequestHandler):
         return self.server.fake.server_name
 
     def setup(self):
-        super().setup()
+        # Not the base's setup: the reads go through the deadline reader.
+        self.connection = self.request
         try:
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:  # pragma: no cover - not a TCP socket
             pass
-        self.server.fake._connection_opened(self.connection)
+        self._reader = _DeadlineSocketReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader, 16384)
+        self.wfile = _SocketWriter(self.connection)
 
     def finish(self):
-        try:
-            super().finish()
-        finally:
-            self.server.fake._connection_closed(self.connection)
+        self.server.fake._connection_closed(self.connection)
 
     def log_message(self, format, *args):  # quiet: tests read the record instead
         pass
 
-    def do_GET(self):
-        self.server.fake._serve(self)
+    def handle_one_request(self):
+        """One request: wait for its first byte up to ``idle_timeout``, then
+        read its head (at most ``max_header`` bytes) and, in ``_serve``, its
+        body (at most ``max_body``), all before ``request_timeout`` has
+        passed since that first byte."""
+        fake = self.server.fake
+        self.close_connection = True
+        reader = self._reader
+        reader.deadline = time.monotonic() + fake.idle_timeout
+        fake._connection_idle(self.connection, True)
+        try:
+            first = self.rfile.peek(1)
+        except (socket.timeout, OSError):
+            return
+        finally:
+            fake._connection_idle(self.connection, False)
+        if not first:
+            return
+        reader.deadline = time.monotonic() + fake.request_timeout
+        try:
+            head = self._read_head(fake.max_header)
+        except socket.timeout:
+            return self._refuse(408, "Request Timeout")
+        except _TooLarge:
+            return self._refuse(431, "Request Header Fields Too Large")
+        if head is None:
+            return
+        requestline, header_block = head
+        self.raw_requestline = requestline
+        rfile, self.rfile = self.rfile, io.BytesIO(header_block)
+        try:
+            parsed = self.parse_request()
+        finally:
+            self.rfile = rfile
+        if not parsed:  # the base answered (400, 505, ...)
+            self.close_connection = True
+            return
+        self.wfile.timeout = fake.request_timeout
+        if self.command not in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+            return self._refuse(501, "Not Implemented")
+        try:
+            fake._serve(self)
+        except socket.timeout:
+            self.close_connection = True
+        self.wfile.flush()
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+    def _read_head(self, budget):
+        """(request line, header lines) within ``budget`` bytes; None when
+        the client closed."""
+        lines = []
+        while True:
+            line = self.rfile.readline(budget + 1)
+            if len(line) > budget:
+                raise _TooLarge(431)
+            budget -= len(line)
+            if not line:
+                return None
+            if not lines and line in (b"\r\n", b"\n"):
+                continue  # a stray CRLF before a request (RFC 9112 2.2)
+            lines.append(line)
+            if len(lines) > 1 and line in (b"\r\n", b"\n"):
+                return lines[0], b"".join(lines[1:])
+            if len(lines) > 101:
+                raise _TooLarge(431)
+
+    def _refuse(self, status, reason):
+        self.close_connection = True
+        self.server.fake._count_status(status)
+        body = json.dumps({"error": reason}).encode()
+        try:
+            self.wfile.timeout = 1.0
+            self.wfile.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                             % (status, reason.encode(), len(body), body))
+        except OSError:
+            pass
+
+
+class _SocketWriter:
+    """The connection's write side: each answer is sent whole within
+    ``timeout`` seconds (``sendall`` counts the total), so a client that
+    never reads cannot hold a thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.timeout = 10.0
+
+    def write(self, data: bytes) -> int:
+        self._sock.settimeout(self.timeout)
+        self._sock.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
 
 
 class _Server(ThreadingHTTPServer):
@@ -285,6 +434,31 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
+
+    def process_request(self, request, client_address):
+        # At most max_connections connections (so threads) at once: a new one
+        # beyond takes the place of one that waits idle between requests,
+        # or is answered 503 at once when every one is busy.
+        if not self.fake._admit(request):
+            try:
+                request.setblocking(False)
+                try:  # what arrived already: closing over unread bytes resets
+                    request.recv(65536)
+                except OSError:
+                    pass
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\nRetry-After: 1\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:  # no thread could start
+            self.fake._connection_closed(request)
+            self.shutdown_request(request)
+            raise
 
     def handle_error(self, request, client_address):
         # A client that goes away mid-request (a timeout, a test that
@@ -313,12 +487,26 @@ class LocalServer:
 
     def __init__(self, *, latency: Any = 0.0, seed: Optional[int] = None,
                  max_body: int = 1 << 20, host: str = "127.0.0.1", port: int = 0,
-                 control: bool = False, arrival_jitter: Any = 0.0) -> None:
-        if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
-            raise ValueError("max_body must be a positive int")
+                 control: bool = False, arrival_jitter: Any = 0.0, max_header: int = 65536,
+                 request_timeout: float = 10.0, idle_timeout: float = 60.0,
+                 max_connections: int = 128) -> None:
+        for name, value in (("max_body", max_body), ("max_header", max_header),
+                            ("max_connections", max_connections)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError("%s must be a positive int, got %r" % (name, value))
+        for name, value in (("request_timeout", request_timeout),
+                            ("idle_timeout", idle_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < math.inf):
+                raise ValueError("%s must be a positive number of seconds, got %r"
+                                 % (name, value))
         self.latency = latency
         self.arrival_jitter = arrival_jitter
         self.max_body = max_body
+        self.max_header = max_header
+        self.request_timeout = float(request_timeout)
+        self.idle_timeout = float(idle_timeout)
+        self.max_connections = max_connections
         self.control = bool(control)
         self._host, self._port = host, port
         self._server: Optional[_Server] = None
@@ -326,7 +514,7 @@ class LocalServer:
         self._lock = threading.Lock()  # guards everything mutable, the subclass's too
         self._changed = threading.Condition(self._lock)
         self._rng = random.Random(seed)
-        self._connections: Set[socket.socket] = set()
+        self._connections: Dict[socket.socket, bool] = {}  # open connection -> idle now
         self._stopping = False
         with self._lock:
             self._reset_state()
@@ -424,14 +612,38 @@ class LocalServer:
             raise RuntimeError("the control endpoint is off (control=False)")
         return self.base_url + "/control"
 
-    def _connection_opened(self, conn):
+    def _admit(self, conn) -> bool:
+        """Whether a new connection may be served (it is then counted): below
+        ``max_connections``, or in the place of one idle between requests
+        (closed here; its thread ends at once)."""
         with self._lock:
-            self._connections.add(conn)
+            if len(self._connections) >= self.max_connections:
+                idle = next((c for c, is_idle in self._connections.items() if is_idle), None)
+                if idle is None:
+                    self._counts["refused_connections"] += 1
+                    return False
+                del self._connections[idle]
+                self._counts["evicted_connections"] += 1
+                try:
+                    idle.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._connections[conn] = False
             self._counts["connections"] += 1
+            return True
+
+    def _connection_idle(self, conn, idle):
+        with self._lock:
+            if conn in self._connections:
+                self._connections[conn] = idle
 
     def _connection_closed(self, conn):
         with self._lock:
-            self._connections.discard(conn)
+            self._connections.pop(conn, None)
+
+    def _count_status(self, status):
+        with self._lock:
+            self._counts["status_%d" % status] += 1
 
     # -- faults --------------------------------------------------------------
 
@@ -497,14 +709,15 @@ class LocalServer:
     def _serve(self, handler):
         path, _, query = handler.path.partition("?")
         try:
-            length = int(handler.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0 or length > self.max_body:
+            body = self._read_body(handler)
+        except _TooLarge:
+            handler.close_connection = True  # the rest of the body is not read
+            status, answer = self._error_body(413, "Request Entity Too Large")
+            return self._reply(handler, status, answer)
+        except _BadBody as exc:
             handler.close_connection = True
-            status, body = self._error_body(413, "Request Entity Too Large")
-            return self._reply(handler, status, body)
-        body = handler.rfile.read(length) if length else b""
+            status, answer = self._error_body(400, "Bad Request: %s" % exc)
+            return self._reply(handler, status, answer)
         request = Request(handler.command, path, query, handler.headers, body)
         if self.control and path.startswith("/control/"):
             return self._serve_control(handler, request)
@@ -512,8 +725,66 @@ class LocalServer:
             return self._handle_request(handler, request)
         except Exception as exc:  # a bug here must not kill the connection thread
             _log.exception("%s: error handling %s", type(self).__name__, path)
-            status, body = self._error_body(500, "Internal Server Error: %r" % (exc,))
-            return self._reply(handler, status, body)
+            status, answer = self._error_body(500, "Internal Server Error: %r" % (exc,))
+            return self._reply(handler, status, answer)
+
+    def _read_body(self, handler) -> bytes:
+        """The request's body, framed by ``Content-Length`` or ``Transfer-Encoding:
+        chunked`` (both at most ``max_body`` bytes), within the request's
+        deadline (a ``socket.timeout`` past it)."""
+        headers = handler.headers
+        coding = headers.get_all("Transfer-Encoding")
+        lengths = headers.get_all("Content-Length")
+        if coding:
+            if lengths:  # both: a request smuggling attempt, RFC 9112 6.1
+                raise _BadBody("both Content-Length and Transfer-Encoding")
+            if [c.strip().lower() for c in ",".join(coding).split(",")] != ["chunked"]:
+                raise _BadBody("unsupported Transfer-Encoding")
+            return self._read_chunked(handler.rfile)
+        if not lengths:
+            return b""
+        if len(set(lengths)) != 1:
+            raise _BadBody("conflicting Content-Length")
+        length = parse_length(lengths[0])
+        if length is None:
+            raise _BadBody("invalid Content-Length")
+        if length > self.max_body:
+            raise _TooLarge(413)
+        body = handler.rfile.read(length) if length else b""
+        if len(body) != length:
+            raise socket.timeout("the client closed before the end of the body")
+        return body
+
+    def _read_chunked(self, rfile) -> bytes:
+        parts, total = [], 0
+        while True:
+            line = rfile.readline(1026)
+            if not line.endswith(b"\n"):
+                raise _BadBody("invalid chunk size line")
+            size = parse_length(line.split(b";", 1)[0].strip().decode("latin-1"), 16)
+            if size is None:
+                raise _BadBody("invalid chunk size")
+            total += size
+            if total > self.max_body:
+                raise _TooLarge(413)
+            if size == 0:
+                break
+            data = rfile.read(size)
+            if len(data) != size:
+                raise socket.timeout("the client closed inside a chunk")
+            parts.append(data)
+            if rfile.readline(3) not in (b"\r\n", b"\n"):
+                raise _BadBody("a chunk not followed by CRLF")
+        budget = self.max_header  # trailer fields, read and ignored
+        while True:
+            line = rfile.readline(budget + 1)
+            budget -= len(line)
+            if budget < 0:
+                raise _TooLarge(413)
+            if line in (b"\r\n", b"\n"):
+                return b"".join(parts)
+            if not line:
+                raise socket.timeout("the client closed inside the trailer")
 
     def _handle_request(self, handler, request: Request) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -540,8 +811,7 @@ class LocalServer:
     def _reply(self, handler, status, body, content_type=b"application/json", declared=None,
                headers=()):
         if status >= 300:
-            with self._lock:
-                self._counts["status_%d" % status] += 1
+            self._count_status(status)
         reason = handler.responses.get(status, ("Unknown",))[0].encode("latin-1")
         length = len(body) if declared is None else declared
         head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
@@ -567,6 +837,9 @@ class LocalServer:
     # -- the control endpoint ---------------------------------------------------
 
     def _serve_control(self, handler, request):
+        refused = self._control_refusal(request)
+        if refused:
+            return self._control_reply(handler, refused[0], {"ok": False, "error": refused[1]})
         name = request.path[len("/control/"):]
         if name not in self.control_actions:
             return self._control_reply(handler, 404, {"ok": False, "error": "no such action: %r; "
@@ -574,7 +847,7 @@ class LocalServer:
                                                           name, ", ".join(self.control_actions))})
         try:
             args = json.loads(request.body) if request.body.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             args = None
         if not isinstance(args, dict):
             return self._control_reply(handler, 400, {"ok": False,
@@ -586,6 +859,35 @@ class LocalServer:
             return self._control_reply(handler, 400, {"ok": False, "error": "%s: %s" % (
                 type(exc).__name__, exc)})
         return self._control_reply(handler, 200, {"ok": True, "result": _jsonable(result)})
+
+    def _control_refusal(self, request) -> Optional[Tuple[int, str]]:
+        """Why a control request is refused, or None.  A web page open in a
+        browser on this machine must not drive the server: a cross-site
+        request is refused by its ``Origin`` (or ``Sec-Fetch-Site``), a
+        "simple" one (no CORS preflight) by its Content-Type, which must be
+        ``application/json``, and DNS rebinding (a foreign name resolving to
+        127.0.0.1) by its ``Host``, which must be this server's address and
+        port (or ``localhost:<port>``)."""
+        headers = request.headers
+        if request.command != "POST":
+            return 405, "control actions are POST requests"
+        port = self.port
+        hosts = {"%s:%d" % (self._host, port), "localhost:%d" % port}
+        if ":" in self._host:
+            hosts.add("[%s]:%d" % (self._host, port))
+        host = headers.get_all("Host") or []
+        if len(host) != 1 or host[0].strip().lower() not in hosts:
+            return 403, "the Host header must be one of %s" % ", ".join(sorted(hosts))
+        origin = headers.get("Origin")
+        if origin is not None and origin.strip().lower() not in {"http://" + h for h in hosts}:
+            return 403, "cross-origin control requests are refused"
+        if (headers.get("Sec-Fetch-Site") or "same-origin").strip().lower() not in (
+                "same-origin", "none"):
+            return 403, "cross-site control requests are refused"
+        ctype = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return 415, "control requests must have Content-Type: application/json"
+        return None
 
     def _control_reply(self, handler, status, data):
         self._reply(handler, status, json.dumps(data).encode())
