@@ -71,6 +71,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as _Urllib3Error
 
 from ._errors import DispatcherError
+from ._netnum import parse_int
 
 __all__ = ["JsonHttpClient", "HttpAnswer", "HttpTransportError", "PlatformError",
            "PlatformNetworkError", "describe", "check_seconds"]
@@ -495,10 +496,9 @@ class JsonHttpClient:
 
     def _read(self, response):
         limit = self.max_answer_bytes
-        declared = response.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and len(declared) < 20 \
-                and int(declared) > limit:
-            raise HttpTransportError("the answer is %s bytes, over the %d-byte limit"
+        declared = parse_int(response.headers.get("Content-Length"))
+        if declared is not None and declared > limit:
+            raise HttpTransportError("the answer is %d bytes, over the %d-byte limit"
                                      % (declared, limit))
         data = response.read(limit + 1)
         if len(data) > limit:

@@ -44,6 +44,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+from .._netnum import parse_int
 from ..platform import Capabilities, ChatInfo, Event, SenderInfo, SendResult
 from ._sender import DiscordSender, _SecretHolder
 
@@ -247,11 +248,8 @@ class InteractionsApp:
         if stream is None:
             return 400, None
         if length.strip():
-            try:
-                length = int(length)
-            except ValueError:
-                return 400, None
-            if length < 0:
+            length = parse_int(length)
+            if length is None:
                 return 400, None
             if length > self.max_body:
                 return 413, None
@@ -264,10 +262,11 @@ class InteractionsApp:
     def _signed(self, environ, body):
         signature = environ.get("HTTP_X_SIGNATURE_ED25519")
         timestamp = environ.get("HTTP_X_SIGNATURE_TIMESTAMP")
-        if not isinstance(signature, str) or not isinstance(timestamp, str) \
-                or len(signature) != 128 or not timestamp.isdigit() or len(timestamp) > 12:
+        seconds = parse_int(timestamp, max_digits=12) if isinstance(timestamp, str) else None
+        if not isinstance(signature, str) or len(signature) != 128 or seconds is None \
+                or timestamp != timestamp.strip():
             return False
-        if abs(time.time() - int(timestamp)) > self.max_age:
+        if abs(time.time() - seconds) > self.max_age:
             return False
         try:
             raw = bytes.fromhex(signature)
@@ -303,7 +302,8 @@ class InteractionsApp:
         app = interaction.get("application_id")
         if event is None or not isinstance(token, str) or not token or \
                 not token.isascii() or any(c in token for c in "/?#% \t\r\n") \
-                or not isinstance(app, str) or not app.isdigit():
+                or not isinstance(app, str) or parse_int(app, max_digits=20) is None \
+                or app != app.strip():
             self._count("ignored")
             return 200, {"type": _ACK[itype]}, None
         replies = _FollowUps(self.sender, app, token)

@@ -40,6 +40,7 @@ from .._errors import RetryAfter
 from .._http import (
     DEFAULT_TIMEOUT, HttpTransportError, JsonHttpClient, PlatformError, PlatformNetworkError,
     _redact)
+from .._netnum import parse_int, parse_seconds
 from ..platform import Capabilities, SendResult
 
 __all__ = ["DiscordSender", "DiscordNetworkError", "InvalidRequestBudgetExhausted",
@@ -152,28 +153,14 @@ class InvalidRequestGuard:
 # -- answers: every number in them is outside input -----------------------------
 
 def seconds_value(value: Any, default: Optional[float] = DEFAULT_RETRY_AFTER) -> Optional[float]:
-    """A number of seconds from an answer (a JSON number or a header string)
-    as a float in ``[0, MAX_RETRY_AFTER]``; ``default`` when it is not one."""
-    if isinstance(value, str):
-        if len(value) > 32:
-            return default
-        try:
-            value = float(value)
-        except ValueError:
-            return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default
-    if isinstance(value, int):
-        value = float(min(value, int(MAX_RETRY_AFTER))) if value >= 0 else -1.0
-    if not value >= 0:  # negative or NaN
-        return default
-    return min(value, MAX_RETRY_AFTER)
+    """A number of seconds from an answer (a JSON number or a header string
+    of ASCII digits, see ``fastdispatch._netnum``) as a float in
+    ``[0, MAX_RETRY_AFTER]``; ``default`` when it is not one."""
+    return parse_seconds(value, default, cap=MAX_RETRY_AFTER)
 
 
 def _remaining_value(text):
-    if not isinstance(text, str) or not text.isdigit() or len(text) > 9:
-        return None
-    return int(text)
+    return parse_int(text, max_digits=9) if isinstance(text, str) else None
 
 
 def _bucket_value(text):
@@ -240,7 +227,7 @@ def _bot_id(token):
         text = base64.b64decode(first + "=" * (-len(first) % 4), validate=True).decode("ascii")
     except (ValueError, UnicodeDecodeError):
         return "?"
-    return text if text.isdigit() and len(text) < 24 else "?"
+    return text if parse_int(text) is not None else "?"
 
 
 def _digest(secret):
@@ -250,7 +237,7 @@ def _digest(secret):
 
 def _snowflake(name, value):
     text = str(value)
-    if not text.isdigit() or len(text) > 20:
+    if parse_int(text, max_digits=20) is None or text != text.strip():
         raise ValueError("%s must be a Discord id (a snowflake: digits), got %r" % (name, value))
     return text
 

@@ -22,6 +22,7 @@ from time import monotonic
 from typing import Any, Dict, List, Optional
 
 from .._errors import RetryAfter
+from .._netnum import parse_int
 from ..platform import ChatInfo, Event, SenderInfo
 from ._sender import PlatformError, TelegramSender, _check_seconds, _display_name
 
@@ -732,11 +733,8 @@ class WebhookApp:
         if stream is None:
             return 400
         if length.strip():
-            try:
-                length = int(length)
-            except ValueError:
-                return 400
-            if length < 0:
+            length = parse_int(length)
+            if length is None:
                 return 400
             if length > self.max_body:
                 return 413

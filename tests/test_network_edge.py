@@ -1,0 +1,218 @@
+"""The network edge: numbers from outside, secrets in the text servers
+send back, nested JSON, replayed interactions, forged updates.
+
+Where a platform's answer matters, a real HTTP server on 127.0.0.1
+answers it: :class:`CannedServer` writes exactly the bytes a test gives
+(what no well-behaved fake would send: a ``Content-Length: ²``)."""
+
+import json
+import logging
+import socket
+import threading
+import time
+import unicodedata
+
+import pytest
+
+from fastdispatch import ChatInfo, Engine, SendRequest, TextMessage
+from fastdispatch._netnum import parse_int, parse_seconds
+
+TG_TOKEN = "123456:SECRET-edge_token_value"
+
+
+class CannedServer:
+    """Answers every request on 127.0.0.1 with ``answer`` (raw bytes, built
+    by ``make(request_bytes)`` when callable), then closes the connection."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.requests = []
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = self._sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                try:
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    head, _, body = data.partition(b"\r\n\r\n")
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            want = int(line.split(b":")[1])
+                            while len(body) < want:
+                                chunk = conn.recv(65536)
+                                if not chunk:
+                                    break
+                                body += chunk
+                    self.requests.append(head + b"\r\n\r\n" + body)
+                    answer = self.answer(head) if callable(self.answer) else self.answer
+                    conn.sendall(answer)
+                except OSError:
+                    pass
+
+    def close(self):
+        self._sock.close()
+
+
+def http_answer(status, body, headers=()):
+    lines = ["HTTP/1.1 %s" % status, "Connection: close"] + list(headers)
+    # latin-1, as HTTP/1.1 header bytes are read: "\u00b2" is the one byte 0xB2
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class _SC:
+    def __init__(self):
+        self.reports = []
+
+    def remaining(self):
+        return 5.0
+
+    def check(self):
+        pass
+
+    def report_limit(self, remaining, reset_after, *, bucket=None, scope="chat"):
+        self.reports.append((remaining, reset_after, bucket, scope))
+
+
+# -- one parser for numbers from the network ----------------------------------------
+
+def _unicode_digits():
+    """Every character Python calls a digit or a decimal that is not ASCII."""
+    return [chr(c) for c in range(0x80, 0x110000)
+            if (chr(c).isdigit() or chr(c).isdecimal() or unicodedata.numeric(chr(c), None)
+                is not None) and not (0xD800 <= c < 0xE000)]
+
+
+def test_network_numbers_are_ascii_digits_of_bounded_length():
+    for ch in _unicode_digits():
+        for text in (ch, "1" + ch, ch + "1", "1." + ch):
+            assert parse_int(text) is None, repr(text)
+            assert parse_seconds(text) is None, repr(text)
+    for text in ("", " ", "-", "+1", "1e3", "inf", "nan", "1_0", "0x10", "1.", ".5", "1.2.3",
+                 "1" * 20, "-1", "1\n", b"\xff", None, True, [1], 1.5):
+        assert parse_int(text) is None, repr(text)
+    for text in ("-1", "1e3", "inf", "nan", "1_0", "+1", "1" * 13, "1." + "1" * 10, -1,
+                 float("nan"), True, None, b"\xff"):
+        assert parse_seconds(text) is None, repr(text)
+    assert parse_int("0") == 0 and parse_int(" 42\t") == 42 and parse_int(b"7") == 7
+    assert parse_int("-12", signed=True) == -12 and parse_int("-12") is None
+    assert parse_int("9" * 19) == int("9" * 19) and parse_int(5, hi=4) is None
+    assert parse_int("12", max_digits=1) is None
+    assert parse_seconds("0.250") == 0.25 and parse_seconds("3") == 3.0
+    assert parse_seconds(10 ** 400) == 86400.0 and parse_seconds(float("inf")) == 86400.0
+    assert parse_seconds("99999", cap=60.0) == 60.0 and parse_seconds("x", 1.0) == 1.0
+
+
+def test_a_superscript_content_length_does_not_fail_a_delivered_telegram_message():
+    from fastdispatch.telegram import TelegramSender
+    body = json.dumps({"ok": True, "result": {"message_id": 7}}).encode()
+    server = CannedServer(http_answer("200 OK", body, ["Content-Length: \u00b2"]))
+    try:
+        with TelegramSender(TG_TOKEN, base_url=server.url) as sender:
+            assert sender.call("sendMessage", {"chat_id": 1, "text": "x"}) == {"message_id": 7}
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("header", ["X-RateLimit-Remaining", "X-RateLimit-Reset-After"])
+def test_a_superscript_rate_limit_header_does_not_fail_a_delivered_discord_message(header):
+    from fastdispatch.discord import DiscordSender
+    body = json.dumps({"id": "99", "content": "x"}).encode()
+    headers = {"X-RateLimit-Remaining": "4", "X-RateLimit-Reset-After": "1.5",
+               "X-RateLimit-Bucket": "abc", "Content-Length": str(len(body))}
+    headers[header] = "\u00b2"
+    server = CannedServer(http_answer("200 OK", body, ["%s: %s" % kv for kv in headers.items()]))
+    sc = _SC()
+    try:
+        with DiscordSender("MTEx.a.b", base_url=server.url) as sender:
+            result = sender.send(sc, SendRequest(ChatInfo("123"), TextMessage("x")))
+    finally:
+        server.close()
+    assert result.message_id == "99" and sc.reports == []
+
+
+def test_non_ascii_digits_in_rate_limit_headers_are_not_read_as_numbers():
+    from fastdispatch.discord._sender import report_headers, seconds_value
+    sc = _SC()
+    report_headers(sc, {"X-RateLimit-Remaining": "\u0661", "X-RateLimit-Reset-After": "1"}, "1")
+    report_headers(sc, {"X-RateLimit-Remaining": "1", "X-RateLimit-Reset-After": "\u0661"}, "1")
+    assert sc.reports == []
+    assert seconds_value("\u0661", None) is None and seconds_value(" 1_0 ", None) is None
+
+
+def _interactions_app():
+    from fastdispatch.discord import DiscordSender, interactions_app
+    from fastdispatch.testing import FakeDiscordServer
+    fake = FakeDiscordServer()
+    engine = Engine()
+    sender = DiscordSender("MTEx.a.b", base_url="http://127.0.0.1:1")
+    return interactions_app(engine, sender, public_key=fake.public_key), fake, engine
+
+
+def _call(app, environ):
+    seen = []
+    body = b"".join(app(environ, lambda status, headers: seen.append(status)))
+    return seen[0], body
+
+
+def _environ(body, headers=(), method="POST"):
+    import io
+    environ = {"REQUEST_METHOD": method, "CONTENT_LENGTH": str(len(body)),
+               "wsgi.input": io.BytesIO(body)}
+    for k, v in dict(headers).items():
+        environ["HTTP_" + k.upper().replace("-", "_")] = v
+    return environ
+
+
+def test_an_unsigned_interaction_with_a_superscript_timestamp_is_401_not_500(caplog):
+    app, fake, engine = _interactions_app()
+    try:
+        for ts in ("\u00b2", "\u0661\u0662", "1" * 40):
+            status, _ = _call(app, _environ(b"{}", {"X-Signature-Ed25519": "ab" * 64,
+                                                     "X-Signature-Timestamp": ts}))
+            assert status.startswith("401"), (ts, status)
+        assert "Traceback" not in caplog.text
+    finally:
+        engine.shutdown(1)
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "\u0661", "1_0", " +1", "9" * 30])
+def test_a_non_ascii_content_length_is_400_at_both_endpoints(length):
+    import io
+    from fastdispatch.telegram import TelegramSender, webhook_app
+    app, fake, engine = _interactions_app()
+    tg = webhook_app(engine, TelegramSender(TG_TOKEN, base_url="http://127.0.0.1:1"),
+                     secret_token="s")
+    try:
+        for a, extra in ((app, {}), (tg, {"HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": "s"})):
+            environ = dict(_environ(b"{}"), CONTENT_LENGTH=length, **extra)
+            environ["wsgi.input"] = io.BytesIO(b"{}")
+            status, _ = _call(a, environ)
+            assert status.startswith("400"), (a, length, status)
+    finally:
+        engine.shutdown(1)
+
+
+def test_chat_key_reads_only_ascii_digits_as_a_chat_number():
+    from fastdispatch.integrations._common import chat_key
+    assert chat_key("123") == 123 and chat_key("-100123") == -100123
+    assert chat_key("\u00b2") == "\u00b2"  # not a ValueError
+    assert chat_key("-\u00b2") == "-\u00b2"
+    assert chat_key("\u0661\u0662") == "\u0661\u0662"  # not the chat 12
+    assert chat_key("@name") == "@name"
+    assert chat_key("9" * 400) == "9" * 400  # not a 400-digit int
