@@ -216,3 +216,95 @@ def test_chat_key_reads_only_ascii_digits_as_a_chat_number():
     assert chat_key("\u0661\u0662") == "\u0661\u0662"  # not the chat 12
     assert chat_key("@name") == "@name"
     assert chat_key("9" * 400) == "9" * 400  # not a 400-digit int
+
+
+# -- deeply nested JSON ----------------------------------------------------------
+
+def test_deeply_nested_json_is_400_not_a_500_at_both_endpoints(caplog):
+    from fastdispatch.telegram import TelegramSender, webhook_app
+    app, fake, engine = _interactions_app()
+    tg = webhook_app(engine, TelegramSender(TG_TOKEN, base_url="http://127.0.0.1:1"),
+                     secret_token="s")
+    body = b"[" * 200_000 + b"]" * 200_000
+    try:
+        environ = _environ(body, {"X-Telegram-Bot-Api-Secret-Token": "s"})
+        assert _call(tg, environ)[0].startswith("400")
+        signed = fake.sign(body)
+        assert _call(app, _environ(body, signed))[0].startswith("400")
+        assert "Traceback" not in caplog.text and "RecursionError" not in caplog.text
+    finally:
+        engine.shutdown(1)
+
+
+# -- secrets in the text a server sends back ---------------------------------------------
+
+@pytest.mark.parametrize("status", ["400 Bad Request", "502 Bad Gateway"])
+def test_a_proxy_echoing_the_path_puts_no_token_into_exceptions_or_logs(status, caplog):
+    """The proxy's answer quotes the request line (and its percent-encoding)."""
+    from fastdispatch.telegram import TelegramSender
+    caplog.set_level(logging.DEBUG)
+
+    def echo(head):
+        line = head.split(b"\r\n")[0].decode("latin-1")
+        quoted = line.replace(":", "%3A")
+        text = "no route for %s (%s) (%s)" % (line, quoted, quoted.replace("%3A", "%3a"))
+        body = json.dumps({"ok": False, "error_code": int(status[:3]),
+                           "description": text}).encode()
+        return http_answer(status, body, ["Content-Length: %d" % len(body)])
+    server = CannedServer(echo)
+    secret = TG_TOKEN.split(":")[1]
+    try:
+        with TelegramSender(TG_TOKEN, base_url=server.url) as sender:
+            with pytest.raises(Exception) as info:
+                sender.call("sendMessage", {"chat_id": 1, "text": "x"})
+            logging.getLogger("fastdispatch.test").error("send failed: %s", info.value)
+    finally:
+        server.close()
+    err = info.value
+    assert "no route for POST /bot<token>/sendMessage" in str(err)
+    for text in (str(err), repr(err), repr(err.args), caplog.text,
+                 str(getattr(err, "description", "")), str(getattr(err, "reason", ""))):
+        assert secret not in text
+    import pickle
+    assert secret not in str(pickle.loads(pickle.dumps(err)))
+
+
+def test_a_discord_error_message_echoing_an_interaction_token_is_scrubbed():
+    from fastdispatch.discord import DiscordSender, PlatformError
+
+    def echo(head):
+        line = head.split(b"\r\n")[0].decode("latin-1")
+        body = json.dumps({"message": "bad path %s" % line, "code": 0}).encode()
+        return http_answer("404 Not Found", body, ["Content-Length: %d" % len(body)])
+    server = CannedServer(echo)
+    token = "aW50ZXJhY3Rpb246c2VjcmV0LXRva2Vu"
+    try:
+        with DiscordSender("MTEx.a.b", base_url=server.url) as sender:
+            with pytest.raises(PlatformError) as info:
+                sender.send_followup(None, "123", token, "x")
+    finally:
+        server.close()
+    assert "bad path" in str(info.value) and token not in str(info.value)
+
+
+# -- forged updates ----------------------------------------------------------------
+
+def test_webhook_app_without_a_secret_is_an_explicit_choice_and_said_loudly(caplog):
+    from fastdispatch.telegram import TelegramSender, webhook_app
+    sender = TelegramSender(TG_TOKEN, base_url="http://127.0.0.1:1")
+    engine = Engine()
+    try:
+        with pytest.raises(TypeError, match="secret_token=") as info:
+            webhook_app(engine, sender)
+        assert "setWebhook" in str(info.value)
+        caplog.set_level(logging.WARNING)
+        webhook_app(engine, sender, secret_token=None)
+        warning = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warning) == 1
+        text = warning[0].getMessage()
+        assert "forged" in text and "secret_token=" in text and "setWebhook" in text
+        caplog.clear()
+        webhook_app(engine, sender, secret_token="s3cret")
+        assert not caplog.records
+    finally:
+        engine.shutdown(1)

@@ -34,6 +34,7 @@ import logging
 import math
 import threading
 import time
+from urllib.parse import quote
 from typing import Any, Dict, Optional
 
 from .._errors import RetryAfter
@@ -187,7 +188,7 @@ def report_headers(sc: Any, headers: Any, resource: str) -> None:
     report(remaining, reset_after, bucket=None if bucket is None else "%s:%s" % (bucket, resource))
 
 
-def _decode(method, answer):
+def _decode(method, answer, secret=None):
     """The answer's JSON (None for an empty ``204``), or an exception to raise."""
     status = answer.status
     if 200 <= status < 300:
@@ -212,6 +213,8 @@ def _decode(method, answer):
         message = "HTTP %d" % status
     elif len(message) > _MAX_DESCRIPTION:
         message = message[:_MAX_DESCRIPTION] + "..."
+    if secret:  # the errors scrub every live client's token; this one is the call's
+        message = message.replace(secret, "<token>").replace(quote(secret, safe=""), "<token>")
     if status >= 500:
         return None, DiscordNetworkError(method, "HTTP %d: %s" % (status, message), status)
     code = body.get("code")
@@ -304,12 +307,13 @@ class DiscordSender:
 
     def request(self, method: str, path: str, *, json: Any = None, sc: Any = None,
                 resource: str = "", route: str = "", headers: Optional[Dict[str, str]] = None,
-                timeout: Optional[float] = None) -> Any:
+                timeout: Optional[float] = None, secret: Optional[str] = None) -> Any:
         """One REST call: ``method path`` with a JSON body; returns the
         answer's JSON (None for ``204``) or raises ``RetryAfter`` /
         :class:`DiscordNetworkError` / :class:`PlatformError`.  With ``sc``,
         the answer's limits are reported for ``resource``.  ``route`` names
-        the call in errors (the path may hold a secret)."""
+        the call in errors (the path may hold a secret); ``secret`` (an
+        interaction token in the path) is kept out of the errors' text."""
         route = route or "%s %s" % (method, path)
         self.guard.check(route)
         err = None
@@ -326,7 +330,7 @@ class DiscordSender:
             self.guard.record()
         if sc is not None:
             report_headers(sc, answer.headers, resource)
-        result, err = _decode(route, answer)
+        result, err = _decode(route, answer, secret)
         if err is not None:
             raise err
         return result
@@ -364,7 +368,7 @@ class DiscordSender:
                               json={"content": text}, sc=sc,
                               resource="%s/%s" % (app, _digest(interaction_token)),
                               route="POST /webhooks/{application.id}/{interaction.token}",
-                              timeout=remaining)
+                              timeout=remaining, secret=interaction_token)
         message_id = result.get("id") if isinstance(result, dict) else None
         return SendResult(message_id=message_id if isinstance(message_id, str) else "",
                           raw=result)

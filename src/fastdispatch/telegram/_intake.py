@@ -747,7 +747,7 @@ class WebhookApp:
             return 411
         try:
             update = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, or nested past the stack
             return 400
         if not isinstance(update, dict):
             return 400
@@ -799,7 +799,15 @@ class WebhookApp:
                 self.stats["lost_replies"] += lost
 
 
-def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
+_UNSET: Any = object()
+
+NO_SECRET_ADVICE = (
+    "anyone who finds the URL can post forged updates to the bot. Pass secret_token= "
+    "(1-256 characters A-Z, a-z, 0-9, _ and -) and give the same value to setWebhook "
+    "(run_webhook(webhook_url=...) registers the webhook with a random one for you)")
+
+
+def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = _UNSET, *,
                 max_body: int = 1 << 20, remember: int = 100_000,
                 remember_seconds: float = 600.0) -> WebhookApp:
     """A WSGI application that receives Telegram's webhook POSTs.
@@ -825,8 +833,15 @@ def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
 
     It never raises into the server; nothing it keeps grows with the number
     of requests beyond those bounds.  Set the same ``secret_token`` in
-    ``setWebhook`` (``run_webhook`` does both).
+    ``setWebhook`` (``run_webhook`` does both).  ``secret_token`` must be
+    given: ``secret_token=None`` (only where something in front of the app
+    checks the header) is logged as a warning, since anyone who finds the
+    URL can then post updates.
     """
+    if secret_token is _UNSET:
+        raise TypeError("webhook_app needs secret_token=: the value given to setWebhook's "
+                        "secret_token, which Telegram sends in every request (or "
+                        "secret_token=None to accept updates from anyone who finds the URL)")
     if secret_token is not None:
         if not isinstance(secret_token, str):
             raise TypeError("secret_token must be a str or None")
@@ -842,4 +857,6 @@ def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
     if isinstance(remember_seconds, bool) or not isinstance(remember_seconds, (int, float)) or \
             not 0 <= remember_seconds < float("inf"):
         raise ValueError("remember_seconds must be a non-negative finite number of seconds")
+    if secret_token is None:
+        _log.warning("webhook_app(secret_token=None): %s", NO_SECRET_ADVICE)
     return WebhookApp(engine, sender, secret_token, max_body, remember, float(remember_seconds))

@@ -463,9 +463,6 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
         raise ValueError("url_path must differ from health_path and metrics_path")
     if secret_token is None and webhook_url is not None:
         secret_token = secrets.token_urlsafe(32)  # only [A-Za-z0-9_-]: what Telegram takes
-    elif secret_token is None:
-        _log.warning("run_webhook without secret_token: anyone who finds the URL can post "
-                     "updates to the bot")
     app = webhook_app(engine, sender, secret_token, remember=remember,
                       remember_seconds=remember_seconds)
     stopper = _Stopper(stop, handle_signals)
