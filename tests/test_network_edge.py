@@ -308,3 +308,208 @@ def test_webhook_app_without_a_secret_is_an_explicit_choice_and_said_loudly(capl
         assert not caplog.records
     finally:
         engine.shutdown(1)
+
+
+# -- the servers: huge, slow and many clients ------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("nothing listens on %d" % port)
+
+
+def _start_webhook(**options):
+    """run_webhook on a thread: 4 threads, 1 s per request (a small server
+    shows the limits soonest).  Returns (port, stop)."""
+    from fastdispatch.telegram import TelegramSender, run_webhook
+    port, stop = _free_port(), threading.Event()
+    engine = Engine()
+    sender = TelegramSender(TG_TOKEN, base_url="http://127.0.0.1:1")
+    kwargs = dict(port=port, secret_token="s", stop=stop, handle_signals=False, threads=4,
+                  request_timeout=1.0, drain_timeout=1)
+    kwargs.update(options)
+    thread = threading.Thread(target=run_webhook, args=(engine, sender), kwargs=kwargs,
+                              daemon=True)
+    thread.start()
+    _wait_listening(port)
+    return port, stop, thread
+
+
+def _start_interactions(**options):
+    from fastdispatch.discord import DiscordSender, run_interactions
+    from fastdispatch.testing import FakeDiscordServer
+    port, stop = _free_port(), threading.Event()
+    engine = Engine()
+    sender = DiscordSender("MTEx.a.b", base_url="http://127.0.0.1:1")
+    kwargs = dict(port=port, public_key=FakeDiscordServer().public_key, stop=stop,
+                  handle_signals=False, threads=4, request_timeout=1.0, drain_timeout=1)
+    kwargs.update(options)
+    thread = threading.Thread(target=run_interactions, args=(engine, sender), kwargs=kwargs,
+                              daemon=True)
+    thread.start()
+    _wait_listening(port)
+    return port, stop, thread
+
+
+def _start_health(**options):
+    """run_polling's own health listener (against a fake Telegram)."""
+    from fastdispatch.telegram import TelegramSender, run_polling
+    from fastdispatch.testing import FakeTelegramServer
+    fake = FakeTelegramServer(TG_TOKEN).start()
+    port, stop = _free_port(), threading.Event()
+    engine = Engine()
+    sender = TelegramSender(TG_TOKEN, base_url=fake.base_url)
+    thread = threading.Thread(target=run_polling, args=(engine, sender), kwargs=dict(
+        poll_timeout=1, health_port=port, stop=stop, handle_signals=False, drain_timeout=1,
+        request_timeout=1.0),
+        daemon=True)
+    thread.start()
+    _wait_listening(port)
+    stop.fake = fake
+    return port, stop, thread
+
+
+SERVERS = {"webhook": (_start_webhook, "/telegram"),
+           "interactions": (_start_interactions, "/interactions"),
+           "health": (_start_health, "/healthz")}
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def served(request):
+    start, path = SERVERS[request.param]
+    port, stop, thread = start()
+    yield request.param, port, path
+    stop.set()
+    thread.join(30)
+    if hasattr(stop, "fake"):
+        stop.fake.stop()
+    assert not thread.is_alive()
+
+
+def _status_of(sock, timeout=5.0):
+    """The status code of the answer on ``sock`` (None: closed without one)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return int(data.split()[1]) if data.startswith(b"HTTP/") else None
+
+
+def _healthy(port, deadline=20.0):
+    """GET /healthz until it answers 200 (a bound on a hang, not a speed test)."""
+    import http.client
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return True
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        time.sleep(0.1)
+    return False
+
+
+def test_a_huge_request_header_is_refused_before_it_ends(served):
+    name, port, path = served
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        head = ("POST %s HTTP/1.1\r\nHost: x\r\nX-Big: " % path).encode() + b"a" * (64 << 10)
+        try:
+            sock.sendall(head)  # never ends its headers: only a limit answers it
+        except OSError:
+            pass
+        assert _status_of(sock) in (400, 413, 414, 431)
+
+
+def test_a_huge_body_is_refused_unread_and_the_connection_closed(served):
+    name, port, path = served
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "X-Telegram-Bot-Api-Secret-Token: wrong\r\n"
+                      "Content-Length: %d\r\n\r\n" % (path, 200 << 20)).encode() + b"{")
+        assert _status_of(sock) in (403, 405, 413)
+        # and the server does not wait for the 200 MiB announced: it closes
+        sock.settimeout(5)
+        try:
+            rest = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                rest += chunk
+        except ConnectionResetError:
+            pass
+
+
+def test_slow_clients_cannot_hold_the_threads_past_the_request_deadline(served):
+    """More clients than threads each send one header line every 0.3 s, for
+    ever: cut at the 1 s deadline, they free the threads; a normal request
+    is answered while they are still dripping."""
+    name, port, path = served
+    stop = threading.Event()
+    closed = []
+
+    def drip():
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            try:
+                sock.sendall(("POST %s HTTP/1.1\r\n" % path).encode())
+                while not stop.wait(0.3):
+                    sock.sendall(b"X-Drip: 1\r\n")
+            except OSError:
+                closed.append(1)  # the server cut it
+
+    drippers = [threading.Thread(target=drip, daemon=True) for _ in range(8)]
+    for t in drippers:
+        t.start()
+    try:
+        assert _healthy(port)
+        end = time.monotonic() + 30
+        while len(closed) < 8 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert len(closed) == 8, closed
+    finally:
+        stop.set()
+        for t in drippers:
+            t.join(10)
+
+
+def test_many_idle_clients_cannot_take_the_server_down(served):
+    """300 connections that send nothing: bounded threads, bounded queue
+    (the rest are answered 503 or closed), each cut at its deadline; the
+    server answers a real request all along and ends with its threads."""
+    name, port, path = served
+    socks = []
+    try:
+        for _ in range(300):
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            except OSError:
+                break
+        assert len(socks) >= 50
+        assert _healthy(port)
+        workers = [t for t in threading.enumerate() if t.name.startswith("CP Server Thread")]
+        assert len(workers) <= 4 and threading.active_count() < 40  # not one per client
+    finally:
+        for s in socks:
+            s.close()
+

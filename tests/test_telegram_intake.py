@@ -697,3 +697,23 @@ def test_run_helpers_check_their_arguments(sender):
     with pytest.raises(TypeError, match="stop"):
         run_polling(Engine(), sender, stop=True, delete_webhook=False)
 
+
+
+def test_a_poller_whose_polls_come_back_empty_at_once_does_not_spin(make_dispatcher):
+    # poll_timeout=0: the server answers [] at once, as one that does not
+    # hold long polls does.  The count is the server's, the bound follows
+    # from the time it had (a slow machine makes fewer requests, never more).
+    engine = echo_engine(make_dispatcher())
+    with FakeTelegramServer(TOKEN) as server:
+        sender = TelegramSender(TOKEN, base_url=server.base_url)
+        poller = TelegramPoller(sender, engine, poll_timeout=0, idle_pause=0.2)
+        started = time.monotonic()
+        poller.start()
+        time.sleep(1.0)
+        server.push_message(5, "still heard")
+        assert wait_until(lambda: poller.handled == 1)
+        poller.stop(5)
+        elapsed = time.monotonic() - started
+        requests = server.stats()["requests"]
+    engine.shutdown(5)
+    assert requests <= elapsed / 0.2 + 4, (requests, elapsed)

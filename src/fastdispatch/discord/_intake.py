@@ -58,7 +58,8 @@ _KINDS = {APPLICATION_COMMAND: "command", MESSAGE_COMPONENT: "component",
           MODAL_SUBMIT: "modal"}
 _STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized",
            405: "405 Method Not Allowed", 411: "411 Length Required",
-           413: "413 Payload Too Large", 500: "500 Internal Server Error"}
+           413: "413 Payload Too Large", 500: "500 Internal Server Error",
+           503: "503 Service Unavailable"}
 
 
 def _str(value):
@@ -211,10 +212,17 @@ class InteractionsApp:
         self.max_body = max_body
         self.max_age = max_age
         self._capabilities = sender.capabilities() if hasattr(sender, "capabilities") else None
-        self._lock = threading.Lock()  # guards stats
+        self._lock = threading.Lock()  # guards stats and _closed
         self.stats: Dict[Any, int] = {200: 0, 400: 0, 401: 0, 405: 0, 411: 0, 413: 0, 500: 0,
-                                      "pings": 0, "handled": 0, "ignored": 0,
+                                      503: 0, "pings": 0, "handled": 0, "ignored": 0,
                                       "bad_signature": 0}
+        self._closed = False
+
+    def close(self) -> None:
+        """From now on, answer every request 503 without reading it (a
+        shutdown: Discord shows the user that the command failed)."""
+        with self._lock:
+            self._closed = True
 
     def __repr__(self):
         return "<fastdispatch.discord interactions app>"
@@ -277,6 +285,8 @@ class InteractionsApp:
     def _handle(self, environ):
         if environ.get("REQUEST_METHOD") != "POST":
             return 405, None, None
+        if self._closed:
+            return 503, None, None
         status, body = self._read(environ)
         if body is None:
             return status, None, None

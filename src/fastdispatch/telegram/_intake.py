@@ -205,7 +205,7 @@ class TelegramPoller:
 
     ``TelegramPoller(sender, engine, poll_timeout=30, *, limit=100,
     offset=None, allowed_updates=None, backoff=0.5, max_backoff=30.0,
-    max_retry_after=120.0, on_conflict="stop", recheck=0.25)``
+    max_retry_after=120.0, on_conflict="stop", recheck=0.25, idle_pause=1.0)``
 
     **Offsets, at least once.**  ``getUpdates(offset=N)`` tells Telegram to
     forget every update below N, so the poller sends, as :attr:`offset`,
@@ -224,7 +224,11 @@ class TelegramPoller:
     updates after it (back-pressure to Telegram, which keeps them).
     :meth:`stop` confirms what is settled by then, :meth:`confirm` (after
     ``engine.shutdown()``) what settled since; ``run_polling`` does both.
-    Pass ``offset=`` to resume from a stored value.
+    Pass ``offset=`` to resume from a stored value.  A ``getUpdates`` that
+    brings nothing new, with nothing in hand, is followed by the next one no
+    sooner than ``idle_pause`` seconds after it was sent: a server that
+    does not hold long polls (or ``poll_timeout=0``) is asked about once a
+    second, not thousands of times.
 
     **Errors.**  Network errors, 5xx and other failures back off
     exponentially (``backoff`` x 2^n, capped at ``max_backoff``, with
@@ -244,7 +248,7 @@ class TelegramPoller:
                  allowed_updates: Optional[List[str]] = None,
                  backoff: float = 0.5, max_backoff: float = 30.0,
                  max_retry_after: float = 120.0, on_conflict: str = "stop",
-                 recheck: float = 0.25) -> None:
+                 recheck: float = 0.25, idle_pause: float = 1.0) -> None:
         if not isinstance(sender, TelegramSender):
             raise TypeError("sender must be a TelegramSender")
         if not callable(getattr(engine, "process_event", None)):
@@ -269,6 +273,7 @@ class TelegramPoller:
         self.max_backoff = _check_wait("max_backoff", max_backoff)
         self.max_retry_after = _check_wait("max_retry_after", max_retry_after)
         self.recheck = _check_wait("recheck", recheck)
+        self.idle_pause = _check_wait("idle_pause", idle_pause)
         self.on_conflict = on_conflict
         self._capabilities = sender.capabilities()
         self._room = _Room(engine)
@@ -447,6 +452,7 @@ class TelegramPoller:
             while not self._stop.is_set():
                 try:
                     offset = self.offset
+                    asked = monotonic()
                     try:
                         updates = self._fetch(offset)
                     except RetryAfter as exc:
@@ -482,7 +488,10 @@ class TelegramPoller:
                         return
                     failures = 0
                     if not self._handle_batch(updates):
-                        self._wait_for_settlement(len(updates) >= self.limit)
+                        if self.pending:
+                            self._wait_for_settlement(len(updates) >= self.limit)
+                        else:  # the server did not hold the line: do not spin
+                            self._wait(self.idle_pause - (monotonic() - asked))
                 except Exception as exc:
                     if self._stop.is_set():
                         break
