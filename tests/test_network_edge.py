@@ -380,9 +380,29 @@ def _start_health(**options):
     return port, stop, thread
 
 
+def _start_metrics():
+    """fastdispatch.metrics.serve: a Prometheus endpoint of its own."""
+    from prometheus_client import CollectorRegistry
+    from fastdispatch.metrics import serve
+    server = serve(0, CollectorRegistry(), request_timeout=1.0)
+
+    class _Done:
+        def set(self):
+            server.stop()
+
+    class _Thread:
+        def join(self, timeout):
+            pass
+
+        def is_alive(self):
+            return False
+    return server.port, _Done(), _Thread()
+
+
 SERVERS = {"webhook": (_start_webhook, "/telegram"),
            "interactions": (_start_interactions, "/interactions"),
-           "health": (_start_health, "/healthz")}
+           "health": (_start_health, "/healthz"),
+           "metrics": (_start_metrics, "/metrics")}
 
 
 @pytest.fixture(params=sorted(SERVERS))
@@ -513,3 +533,36 @@ def test_many_idle_clients_cannot_take_the_server_down(served):
         for s in socks:
             s.close()
 
+
+
+# -- a newcomer sees what the runners do ----------------------------------------------
+
+_RUNNER = """
+import logging, sys, threading
+from fastdispatch import Engine
+from fastdispatch.telegram import TelegramSender, run_polling
+from fastdispatch.testing import FakeTelegramServer
+if sys.argv[1] == "configured":
+    logging.basicConfig(level=logging.WARNING)
+with FakeTelegramServer("1:a") as fake:
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    sys.exit(run_polling(Engine(), TelegramSender("1:a", base_url=fake.base_url),
+                         poll_timeout=1, stop=stop, handle_signals=False))
+"""
+
+
+@pytest.mark.parametrize("logging_", ["none", "configured"])
+def test_the_runners_say_what_they_do_to_a_program_without_logging(logging_):
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _RUNNER, logging_], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    said = [line for line in lines if "polling for updates" in line or "shutdown:" in line]
+    if logging_ == "none":
+        assert len(said) == 2 and all(line.startswith("fastdispatch: ") for line in said)
+    else:  # the program chose WARNING: nothing more from the package
+        assert said == [] and out.stderr == ""
