@@ -566,3 +566,44 @@ def test_the_runners_say_what_they_do_to_a_program_without_logging(logging_):
         assert len(said) == 2 and all(line.startswith("fastdispatch: ") for line in said)
     else:  # the program chose WARNING: nothing more from the package
         assert said == [] and out.stderr == ""
+
+
+# -- replayed interactions -------------------------------------------------------------
+
+def test_a_replayed_signed_interaction_does_not_run_the_handler_again():
+    from fastdispatch.discord import DiscordSender, run_interactions
+    from fastdispatch.testing import FakeDiscordServer
+    token = "MTEwMDAwMDAwMDAwMDAwMDAwMQ.GhIjKl.replay-token-value"
+    with FakeDiscordServer(token) as fake:
+        engine = Engine()
+        runs = []
+
+        @engine.on(lambda ctx: True)
+        def echo(ctx):
+            runs.append(ctx.event.message_id)
+            ctx.reply_text("echo")
+
+        sender = DiscordSender(token, base_url=fake.api_url)
+        port, stop = _free_port(), threading.Event()
+        thread = threading.Thread(target=run_interactions, args=(engine, sender), kwargs=dict(
+            public_key=fake.public_key, port=port, stop=stop, handle_signals=False),
+            daemon=True)
+        thread.start()
+        _wait_listening(port)
+        url = "http://127.0.0.1:%d/interactions" % port
+        try:
+            body = json.dumps(fake.make_interaction("77", "echo", text="hi")).encode()
+            headers = fake.sign(body)
+            for _ in range(3):  # the same bytes, the same signature, within max_age
+                assert fake.post_interaction(url, body, sign=False, headers=headers) == (
+                    200, {"type": 5})
+            other = json.dumps(fake.make_interaction("77", "echo", text="again")).encode()
+            assert fake.post_interaction(url, other)[0] == 200
+            end = time.monotonic() + 30
+            while len(fake.messages("77")) < 2 and time.monotonic() < end:
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            thread.join(30)
+        assert len(runs) == 2 and len(set(runs)) == 2
+        assert len(fake.messages("77")) == 2

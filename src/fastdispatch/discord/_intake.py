@@ -34,10 +34,18 @@ Why PyNaCl (libsodium) for Ed25519: measured against ``cryptography``
 is what Discord's own documentation uses.  Either is small next to the
 3 s an interaction may take.
 
-Threads: the app keeps no per-request state; ``_lock`` guards ``stats``.
-The handlers run on the server's request thread, after the answer.
+Replays.  A signature stays valid for ``max_age``: a captured request sent
+again, byte for byte, verifies.  The app remembers the id of every
+interaction it handled while its signature can still verify (``2 x
+max_age``: a timestamp may be that far either side of now), at most
+``remember`` of them (the oldest go first; about 150 bytes each), and
+acknowledges a repeated one without running its handlers again.
+
+Threads: ``_lock`` guards ``stats``, ``_seen`` and ``_closed``.  The
+handlers run on the server's request thread, after the answer.
 """
 
+import collections
 import json
 import logging
 import threading
@@ -205,8 +213,10 @@ class InteractionsApp:
     """The WSGI callable made by :func:`interactions_app`.  ``.stats`` counts
     answers by status and ``pings``, ``handled``, ``ignored``, ``bad_signature``."""
 
-    def __init__(self, engine, sender, verify, max_body, max_age):
+    def __init__(self, engine, sender, verify, max_body, max_age, remember=100_000):
         self.engine = engine
+        self.remember = remember
+        self._seen: "collections.OrderedDict[str, float]" = collections.OrderedDict()
         self.sender = sender
         self._verify = verify
         self.max_body = max_body
@@ -215,7 +225,7 @@ class InteractionsApp:
         self._lock = threading.Lock()  # guards stats and _closed
         self.stats: Dict[Any, int] = {200: 0, 400: 0, 401: 0, 405: 0, 411: 0, 413: 0, 500: 0,
                                       503: 0, "pings": 0, "handled": 0, "ignored": 0,
-                                      "bad_signature": 0}
+                                      "bad_signature": 0, "replayed": 0}
         self._closed = False
 
     def close(self) -> None:
@@ -267,6 +277,23 @@ class InteractionsApp:
             return (413, None) if len(body) > self.max_body else (200, body)
         return 411, None
 
+    def _first_time(self, interaction_id):
+        """True the first time ``interaction_id`` is seen while a signature
+        over it can still verify; False for a replay."""
+        now = time.monotonic()
+        with self._lock:
+            seen, horizon = self._seen, now - 2 * self.max_age
+            while seen:
+                oldest, at = next(iter(seen.items()))
+                if at > horizon and len(seen) < self.remember:
+                    break
+                del seen[oldest]
+            if interaction_id in seen:
+                self.stats["replayed"] += 1
+                return False
+            seen[interaction_id] = now
+            return True
+
     def _signed(self, environ, body):
         signature = environ.get("HTTP_X_SIGNATURE_ED25519")
         timestamp = environ.get("HTTP_X_SIGNATURE_TIMESTAMP")
@@ -316,6 +343,13 @@ class InteractionsApp:
                 or app != app.strip():
             self._count("ignored")
             return 200, {"type": _ACK[itype]}, None
+        interaction_id = interaction.get("id")
+        if not isinstance(interaction_id, str) or not interaction_id:
+            interaction_id = "sig:" + environ.get("HTTP_X_SIGNATURE_ED25519", "")
+        if not self._first_time(interaction_id):
+            _log.warning("interactions: interaction %r came again (a replayed request); "
+                         "acknowledged, not handled again", interaction_id[:40])
+            return 200, {"type": _ACK[itype]}, None
         replies = _FollowUps(self.sender, app, token)
         self._count("handled")
 
@@ -352,7 +386,8 @@ def _verifier(public_key):
 
 
 def interactions_app(engine: Any, sender: DiscordSender, *, public_key: str,
-                     max_body: int = 1 << 20, max_age: float = 300.0) -> InteractionsApp:
+                     max_body: int = 1 << 20, max_age: float = 300.0,
+                     remember: int = 100_000) -> InteractionsApp:
     """A WSGI application for Discord's Interactions Endpoint URL.
 
     - ``engine``: has ``process_event(event, sender, capabilities)``;
@@ -363,7 +398,10 @@ def interactions_app(engine: Any, sender: DiscordSender, *, public_key: str,
     - ``max_body``: larger requests are answered 413 unread;
     - ``max_age``: a signature whose timestamp is further than this many
       seconds from now is refused (401), so a captured request cannot be
-      replayed later.
+      replayed later;
+    - ``remember``: how many interaction ids are kept to acknowledge a
+      replay within that window without running it again (see the module
+      docstring).
 
     Not POST -> 405; a missing, malformed or failing signature -> 401;
     not JSON -> 400; PING -> ``{"type": 1}``; commands, components, modals
@@ -379,4 +417,7 @@ def interactions_app(engine: Any, sender: DiscordSender, *, public_key: str,
     if isinstance(max_age, bool) or not isinstance(max_age, (int, float)) or \
             not 0 < max_age < float("inf"):
         raise ValueError("max_age must be a positive number of seconds, got %r" % (max_age,))
-    return InteractionsApp(engine, sender, _verifier(public_key), max_body, float(max_age))
+    if isinstance(remember, bool) or not isinstance(remember, int) or remember < 1:
+        raise ValueError("remember must be a positive int, got %r" % (remember,))
+    return InteractionsApp(engine, sender, _verifier(public_key), max_body, float(max_age),
+                           remember)
