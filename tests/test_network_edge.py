@@ -607,3 +607,93 @@ def test_a_replayed_signed_interaction_does_not_run_the_handler_again():
             thread.join(30)
         assert len(runs) == 2 and len(set(runs)) == 2
         assert len(fake.messages("77")) == 2
+
+
+# -- a bot-wide bound on replies pending -------------------------------------------------
+
+class _Gated:
+    """A sender whose sends wait for ``gate``."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.sent = []
+
+    def send(self, sc, request):
+        self.gate.wait(30)
+        self.sent.append(request.target.id)
+        from fastdispatch import SendResult
+        return SendResult("1")
+
+    def capabilities(self):
+        from fastdispatch import Capabilities
+        return Capabilities()
+
+
+def _echo_engine(dispatcher):
+    engine = Engine(dispatcher=dispatcher)
+
+    @engine.on(lambda ctx: True)
+    def echo(ctx):
+        ctx.reply_text("echo")
+    return engine
+
+
+def _update(i, chat):
+    return {"update_id": i, "message": {"message_id": i, "text": "hi", "chat": {
+        "id": chat, "type": "private"}, "from": {"id": chat, "first_name": "u"}}}
+
+
+def test_a_flood_from_many_chats_is_left_to_telegram_not_piled_up_in_memory(make_dispatcher):
+    """Webhook: past max_pending replies across all chats, updates from new
+    chats are answered 429 (Telegram redelivers them); none is lost."""
+    from fastdispatch.telegram import webhook_app
+    d = make_dispatcher(max_inflight=2)
+    engine = _echo_engine(d)
+    sender = _Gated()
+    app = webhook_app(engine, sender, secret_token=None, max_pending=10)
+    statuses = {}
+    for i in range(200):  # 200 chats, one update each
+        body = json.dumps(_update(i, 1000 + i)).encode()
+        statuses[i] = _call(app, _environ(body))[0][:3]
+        assert d._pending_count() <= 10
+    accepted = [i for i, s in statuses.items() if s == "200"]
+    assert len(accepted) == 10 and set(statuses.values()) == {"200", "429"}
+    assert app.stats["bot_busy"] == 190
+    sender.gate.set()
+    for i in sorted(set(statuses) - set(accepted)):  # Telegram's redeliveries, later
+        body = json.dumps(_update(i, 1000 + i)).encode()
+        while _call(app, _environ(body))[0][:3] != "200":
+            time.sleep(0.01)
+    assert d.drain(30)
+    assert sorted(sender.sent) == sorted(str(1000 + i) for i in range(200))
+    engine.shutdown(5)
+
+
+def test_the_poller_holds_its_offset_past_max_pending_replies(make_dispatcher):
+    from fastdispatch.telegram import TelegramPoller, TelegramSender
+    from fastdispatch.testing import FakeTelegramServer
+    d = make_dispatcher(max_inflight=2)
+    engine = _echo_engine(d)
+    gated = _Gated()
+    with FakeTelegramServer(TG_TOKEN) as fake:
+        sender = TelegramSender(TG_TOKEN, base_url=fake.base_url)
+        for i in range(60):
+            fake.push_message(2000 + i, "m%d" % i)
+        poller = TelegramPoller(sender, engine, poll_timeout=1, max_pending=8)
+        sender.send = gated.send  # replies wait for the gate; polling goes on
+        poller.start()
+        end = time.monotonic() + 10
+        while poller.busy == 0 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert poller.busy > 0 and poller.handled <= 8 and d._pending_count() <= 8
+        assert fake.pending_updates() >= 52  # not confirmed: Telegram keeps them
+        gated.gate.set()
+        end = time.monotonic() + 60
+        while poller.handled < 60 and time.monotonic() < end:
+            time.sleep(0.02)
+        poller.stop(10)
+        assert d.drain(30)
+        poller.confirm()
+        assert poller.handled == 60 and fake.pending_updates() == 0
+    assert sorted(gated.sent) == sorted(str(2000 + i) for i in range(60))
+    engine.shutdown(5)

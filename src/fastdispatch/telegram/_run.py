@@ -43,7 +43,7 @@ from time import monotonic
 from typing import Any, Callable, List, NamedTuple, Optional
 
 from .._serve import NewcomerLogging, Server, Stopper
-from ._intake import TelegramPoller, WebhookApp, webhook_app
+from ._intake import DEFAULT_MAX_PENDING, TelegramPoller, WebhookApp, webhook_app
 from ._sender import TelegramSender
 
 __all__ = ["run_polling", "run_webhook", "drain_engine", "ShutdownReport"]
@@ -295,6 +295,7 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
                 on_conflict: str = "stop", drain_timeout: Optional[float] = 30.0,
                 health_port: Optional[int] = None, health_listen: str = "127.0.0.1",
                 metrics: Any = None, request_timeout: float = 10.0,
+                max_pending: Optional[int] = DEFAULT_MAX_PENDING,
                 stop: Optional[threading.Event] = None, handle_signals: bool = True,
                 on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
     """Run a bot on ``getUpdates`` long polling until SIGTERM/SIGINT (or
@@ -304,7 +305,9 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     (``delete_webhook=True``; with ``drop_pending_updates`` Telegram also
     forgets the updates waiting for the bot).  The poller is a
     :class:`TelegramPoller` (at least once: an update is confirmed only once
-    its replies went out; its options are passed through).  On a signal:
+    its replies went out; its options are passed through; with
+    ``max_pending`` replies queued or running across all chats it holds
+    its offset and Telegram keeps the rest).  On a signal:
     the poller stops, replies drain for up to ``drain_timeout`` seconds,
     the settled updates are confirmed, and what was left is reported (see
     :func:`drain_engine`).  ``health_port``: serve ``/healthz`` and
@@ -317,7 +320,8 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
     poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
-                            allowed_updates=allowed_updates, on_conflict=on_conflict)
+                            allowed_updates=allowed_updates, on_conflict=on_conflict,
+                            max_pending=max_pending)
     newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
     stopper = _Stopper(stop, handle_signals)
     state = {"running": True, "mode": "polling"}
@@ -364,6 +368,7 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
                 ssl_keyfile: Optional[str] = None, remember: int = 100_000,
                 remember_seconds: float = 600.0, max_body: int = 1 << 20,
                 request_timeout: float = 10.0, max_header_bytes: int = 16 << 10,
+                max_pending: Optional[int] = DEFAULT_MAX_PENDING,
                 stop: Optional[threading.Event] = None, handle_signals: bool = True,
                 on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
     """Serve Telegram's webhook until SIGTERM/SIGINT (or ``stop`` is set);
@@ -383,7 +388,9 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     ``fastdispatch._serve``).  With ``webhook_url``, registers it
     (``setWebhook`` with ``secret_token``, ``drop_pending_updates``,
     ``allowed_updates``, ``max_connections``); without ``secret_token`` a
-    random one is made for it.  On a signal: new updates are answered 503
+    random one is made for it.  With ``max_pending`` replies queued or
+    running across all chats, new updates are answered 429 (Telegram
+    delivers them again later).  On a signal: new updates are answered 503
     (Telegram delivers them again, to the next process), replies drain for
     up to ``drain_timeout`` seconds, what was left is reported
     (:func:`drain_engine`), the server stops; ``deleteWebhook`` only with
@@ -400,7 +407,7 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
         secret_token = secrets.token_urlsafe(32)  # only [A-Za-z0-9_-]: what Telegram takes
     newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
     app = webhook_app(engine, sender, secret_token, max_body=max_body, remember=remember,
-                      remember_seconds=remember_seconds)
+                      remember_seconds=remember_seconds, max_pending=max_pending)
     stopper = _Stopper(stop, handle_signals)
     state = {"running": True, "mode": "webhook"}
     server = health = None
