@@ -17,24 +17,29 @@ defaults are unlimited):
   header line every 2 s would hold a thread for as long as it likes.  The
   HTTP client's watchdog (``fastdispatch._http``) cuts the connection's
   socket at the deadline; the app then runs on a body already read;
-- **threads and connections**: ``threads`` request threads, at most
-  ``4 x threads`` accepted connections waiting for one (more are answered
-  503 by cheroot and closed), at most ``threads`` idle keep-alive
-  connections kept, idle ones closed after ``request_timeout``; the
+- **threads and connections**: ``threads`` request threads; a new
+  connection waits for its first byte in cheroot's selector, not on a
+  thread (idle ones are closed after ``request_timeout``); at most
+  ``threads`` connections with a request begun wait for a thread (more are
+  answered 503 by cheroot and closed); at most ``threads`` idle keep-alive
+  connections kept; the
   kernel holds up to 128 connections not accepted yet (cheroot's default
   of 5 made clients beyond it wait for SYN retransmissions: 100
   connections took 15 s to open, against 0.0 s with 128).
 
-What a slow client can still do: hold one thread for up to
-``request_timeout``; ``threads`` of them, reconnecting, keep the endpoint
-busy (a proxy that limits connections per address is the remedy).  A TLS
+What a slow client can still do: once it sent a byte, hold one thread for
+up to ``request_timeout``; ``threads`` of them, reconnecting, keep the
+endpoint busy (a proxy that limits connections per address is the remedy).
+Idle connections cost a file descriptor each until they are closed.  A TLS
 handshake (``ssl_certfile``) happens on cheroot's accepting thread: behind
 a proxy that terminates TLS, it does not.
 """
 
 import io
 import logging
+import queue
 import signal
+import socket
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -58,6 +63,24 @@ def check_limits(request_timeout, max_header_bytes):
         raise ValueError("max_header_bytes must be an int in [1024, 1 MiB], got %r"
                          % (max_header_bytes,))
     return request_timeout, max_header_bytes
+
+
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+         b"Connection: close\r\n\r\n")
+
+
+def _refuse(conn):
+    sock = conn.socket
+    try:
+        sock.settimeout(0)  # an answer that does not fit the empty buffer is dropped
+        sock.send(_BUSY)
+    except OSError:
+        pass
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    conn.close()
 
 
 class _Cuttable:
@@ -137,11 +160,28 @@ class Server:
                         if call.fired:
                             outer.cut += 1
 
-        server = wsgi.Server((listen, port), _BodyFirst(app, max_body, self),
-                             numthreads=threads, max=threads, server_name="fastdispatch",
-                             timeout=max(1, int(request_timeout)),
-                             accepted_queue_size=4 * threads, accepted_queue_timeout=0,
-                             request_queue_size=128)
+        class _ReadableFirst(wsgi.Server):
+            def process_conn(self, conn):
+                # On cheroot's accepting thread.  A new connection waits in
+                # the selector until it sends something (idle ones are
+                # closed after `timeout` there), not on a request thread.
+                if not getattr(conn, "fastdispatch_readable", False):
+                    conn.fastdispatch_readable = True
+                    self._connections.put(conn)
+                    return
+                try:
+                    self.requests.put(conn)
+                except queue.Full:
+                    # Every thread busy and the queue full: 503 and close it
+                    # now (cheroot's own 503 leaves the socket open until its
+                    # file objects are collected: the client goes on sending).
+                    _refuse(conn)
+
+        server = _ReadableFirst((listen, port), _BodyFirst(app, max_body, self),
+                                numthreads=threads, max=threads, server_name="fastdispatch",
+                                timeout=max(1, int(request_timeout)),
+                                accepted_queue_size=threads, accepted_queue_timeout=0,
+                                request_queue_size=128)
         server.ConnectionClass = _DeadlineConnection
         server.max_request_header_size = max_header_bytes
         server.max_request_body_size = max_body
