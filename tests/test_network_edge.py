@@ -10,6 +10,7 @@ import logging
 import socket
 import threading
 import time
+import types
 import unicodedata
 
 import pytest
@@ -75,18 +76,13 @@ def http_answer(status, body, headers=()):
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-class _SC:
-    def __init__(self):
-        self.reports = []
-
-    def remaining(self):
-        return 5.0
-
-    def check(self):
-        pass
-
-    def report_limit(self, remaining, reset_after, *, bucket=None, scope="chat"):
-        self.reports.append((remaining, reset_after, bucket, scope))
+def _sc():
+    """A SendContext stand-in that records the limits reported (``.reports``)."""
+    reports = []
+    return types.SimpleNamespace(
+        reports=reports, remaining=lambda: 5.0, check=lambda: None,
+        report_limit=lambda remaining, reset_after, **kw: reports.append((remaining,
+                                                                           reset_after, kw)))
 
 
 # -- one parser for numbers from the network ----------------------------------------
@@ -137,7 +133,7 @@ def test_a_superscript_rate_limit_header_does_not_fail_a_delivered_discord_messa
                "X-RateLimit-Bucket": "abc", "Content-Length": str(len(body))}
     headers[header] = "\u00b2"
     server = CannedServer(http_answer("200 OK", body, ["%s: %s" % kv for kv in headers.items()]))
-    sc = _SC()
+    sc = _sc()
     try:
         with DiscordSender("MTEx.a.b", base_url=server.url) as sender:
             result = sender.send(sc, SendRequest(ChatInfo("123"), TextMessage("x")))
@@ -148,7 +144,7 @@ def test_a_superscript_rate_limit_header_does_not_fail_a_delivered_discord_messa
 
 def test_non_ascii_digits_in_rate_limit_headers_are_not_read_as_numbers():
     from fastdispatch.discord._sender import report_headers, seconds_value
-    sc = _SC()
+    sc = _sc()
     report_headers(sc, {"X-RateLimit-Remaining": "\u0661", "X-RateLimit-Reset-After": "1"}, "1")
     report_headers(sc, {"X-RateLimit-Remaining": "1", "X-RateLimit-Reset-After": "\u0661"}, "1")
     assert sc.reports == []
@@ -329,53 +325,43 @@ def _wait_listening(port, timeout=20.0):
     raise AssertionError("nothing listens on %d" % port)
 
 
-def _start_webhook(**options):
-    """run_webhook on a thread: 4 threads, 1 s per request (a small server
-    shows the limits soonest).  Returns (port, stop)."""
-    from fastdispatch.telegram import TelegramSender, run_webhook
+def _run_on_thread(runner, sender, port_option, **kwargs):
+    """``runner(Engine(), sender, **kwargs)`` on a thread, with a free port
+    as ``port_option``, stopped by the returned Event: (port, stop, thread)."""
     port, stop = _free_port(), threading.Event()
-    engine = Engine()
-    sender = TelegramSender(TG_TOKEN, base_url="http://127.0.0.1:1")
-    kwargs = dict(port=port, secret_token="s", stop=stop, handle_signals=False, threads=4,
-                  request_timeout=1.0, drain_timeout=1)
-    kwargs.update(options)
-    thread = threading.Thread(target=run_webhook, args=(engine, sender), kwargs=kwargs,
+    kwargs.update({port_option: port, "stop": stop, "handle_signals": False,
+                   "drain_timeout": 1, "request_timeout": 1.0})
+    thread = threading.Thread(target=runner, args=(Engine(), sender), kwargs=kwargs,
                               daemon=True)
     thread.start()
     _wait_listening(port)
     return port, stop, thread
 
 
-def _start_interactions(**options):
+def _start_webhook():
+    """run_webhook: 4 threads, 1 s per request (a small server shows the
+    limits soonest)."""
+    from fastdispatch.telegram import TelegramSender, run_webhook
+    return _run_on_thread(run_webhook, TelegramSender(TG_TOKEN, base_url="http://127.0.0.1:1"),
+                          "port", secret_token="s", threads=4)
+
+
+def _start_interactions():
     from fastdispatch.discord import DiscordSender, run_interactions
     from fastdispatch.testing import FakeDiscordServer
-    port, stop = _free_port(), threading.Event()
-    engine = Engine()
-    sender = DiscordSender("MTEx.a.b", base_url="http://127.0.0.1:1")
-    kwargs = dict(port=port, public_key=FakeDiscordServer().public_key, stop=stop,
-                  handle_signals=False, threads=4, request_timeout=1.0, drain_timeout=1)
-    kwargs.update(options)
-    thread = threading.Thread(target=run_interactions, args=(engine, sender), kwargs=kwargs,
-                              daemon=True)
-    thread.start()
-    _wait_listening(port)
-    return port, stop, thread
+    return _run_on_thread(run_interactions,
+                          DiscordSender("MTEx.a.b", base_url="http://127.0.0.1:1"), "port",
+                          public_key=FakeDiscordServer().public_key, threads=4)
 
 
-def _start_health(**options):
+def _start_health():
     """run_polling's own health listener (against a fake Telegram)."""
     from fastdispatch.telegram import TelegramSender, run_polling
     from fastdispatch.testing import FakeTelegramServer
     fake = FakeTelegramServer(TG_TOKEN).start()
-    port, stop = _free_port(), threading.Event()
-    engine = Engine()
-    sender = TelegramSender(TG_TOKEN, base_url=fake.base_url)
-    thread = threading.Thread(target=run_polling, args=(engine, sender), kwargs=dict(
-        poll_timeout=1, health_port=port, stop=stop, handle_signals=False, drain_timeout=1,
-        request_timeout=1.0),
-        daemon=True)
-    thread.start()
-    _wait_listening(port)
+    port, stop, thread = _run_on_thread(
+        run_polling, TelegramSender(TG_TOKEN, base_url=fake.base_url), "health_port",
+        poll_timeout=1)
     stop.fake = fake
     return port, stop, thread
 
@@ -697,3 +683,15 @@ def test_the_poller_holds_its_offset_past_max_pending_replies(make_dispatcher):
         assert poller.handled == 60 and fake.pending_updates() == 0
     assert sorted(gated.sent) == sorted(str(2000 + i) for i in range(60))
     engine.shutdown(5)
+
+
+def test_a_webhook_path_made_of_the_token_is_not_logged(caplog):
+    from fastdispatch.telegram import TelegramSender, run_webhook
+    caplog.set_level(logging.DEBUG)
+    sender = TelegramSender(TG_TOKEN, base_url="http://127.0.0.1:1")
+    port, stop, thread = _run_on_thread(run_webhook, sender, "port", secret_token="s",
+                                        url_path="/" + TG_TOKEN)
+    stop.set()
+    thread.join(30)
+    assert "webhook on http://127.0.0.1:%d/<token>" % port in caplog.text
+    assert TG_TOKEN.split(":")[1] not in caplog.text

@@ -36,6 +36,7 @@ a proxy that terminates TLS, it does not.
 """
 
 import io
+import json
 import logging
 import queue
 import signal
@@ -48,7 +49,8 @@ from . import _http
 from ._netnum import parse_int
 from ._signals import SignalRelay
 
-__all__ = ["Server", "Stopper", "NewcomerLogging", "check_limits"]
+__all__ = ["Server", "Stopper", "NewcomerLogging", "check_limits", "service_app",
+           "health_server"]
 
 _log = logging.getLogger("fastdispatch")
 
@@ -121,6 +123,38 @@ class _BodyFirst:
             if call.fired:  # cut while reading: no request to answer
                 self.server.cut += 1
         return self.app(environ, start_response)
+
+
+def service_app(state: dict, intake: Callable, url_path: Optional[str],
+                health_path: Optional[str], metrics_path: Optional[str],
+                metrics_text: Callable[[], bytes]) -> Callable:
+    """The WSGI app a runner serves: ``intake`` at ``url_path``; at
+    ``health_path`` 200 ``{"status": "ok"}`` while ``state["running"]``,
+    else 503 ``draining``; at ``metrics_path`` ``metrics_text()`` (the
+    Prometheus text format); 404 elsewhere.  A None path is not served."""
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO") or "/"
+        if url_path is not None and path == url_path:
+            return intake(environ, start_response)
+        try:
+            if path == health_path:
+                status = "200 OK" if state["running"] else "503 Service Unavailable"
+                body = json.dumps({"status": "ok" if state["running"] else "draining",
+                                   "mode": state["mode"]}).encode() + b"\n"
+                ctype = "application/json"
+            elif path == metrics_path:
+                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                body = metrics_text()
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"404 Not Found\n"
+        except Exception:  # never into the server
+            _log.exception("health/metrics endpoint failed")
+            status, ctype, body = "500 Internal Server Error", "text/plain", b"500\n"
+        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
 
 
 class Server:
@@ -209,6 +243,16 @@ class Server:
     def stop(self) -> None:
         self._server.stop()
         self._thread.join(10)
+
+
+def health_server(app: Callable, listen: str, port: int, request_timeout: float,
+                  log: logging.Logger, paths: str = "/healthz and /metrics") -> Server:
+    """A listener of its own for health and metrics (2 threads, no bodies),
+    announced on ``log``."""
+    server = Server(app, listen, port, 2, max_body=4096, request_timeout=request_timeout,
+                    name="fastdispatch-health")
+    log.info("health and metrics on http://%s:%d: %s", listen, server.port, paths)
+    return server
 
 
 class Stopper:

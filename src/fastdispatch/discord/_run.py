@@ -11,12 +11,11 @@ timeout: one client that never sends its body blocks every interaction,
 and Discord disables an endpoint that keeps failing its 3 s).
 """
 
-import json
 import logging
 import threading
 from typing import Any, Callable, Optional
 
-from .._serve import NewcomerLogging, Server, Stopper
+from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
 from ._intake import interactions_app
 
 __all__ = ["run_interactions"]
@@ -45,27 +44,8 @@ def _metrics_text(state, app, dispatcher):
 
 
 def _service_app(state, app, dispatcher, url_path, health_path, metrics_path):
-    def serve(environ, start_response):
-        path = environ.get("PATH_INFO") or "/"
-        if url_path is not None and path == url_path:
-            return app(environ, start_response)
-        try:
-            if path == health_path:
-                status = "200 OK" if state["running"] else "503 Service Unavailable"
-                body = json.dumps({"status": "ok" if state["running"] else "draining",
-                                   "mode": "interactions"}).encode() + b"\n"
-                ctype = "application/json"
-            elif path == metrics_path:
-                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
-                body = _metrics_text(state, app, dispatcher)
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"404 Not Found\n"
-        except Exception:  # never into the server
-            _log.exception("health/metrics endpoint failed")
-            status, ctype, body = "500 Internal Server Error", "text/plain", b"500\n"
-        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
-        return [body]
-    return serve
+    return service_app(state, app, url_path, health_path, metrics_path,
+                       lambda: _metrics_text(state, app, dispatcher))
 
 
 def run_interactions(engine: Any, sender: Any, *, public_key: str, port: int,
@@ -108,7 +88,7 @@ def run_interactions(engine: Any, sender: Any, *, public_key: str, port: int,
                            max_age=max_age)
     newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
     stopper = Stopper(stop, handle_signals, _log)
-    state = {"running": True}
+    state = {"running": True, "mode": "interactions"}
     server = health = None
     try:
         beside = (None, None) if health_port is not None else (health_path, metrics_path)
@@ -118,12 +98,10 @@ def run_interactions(engine: Any, sender: Any, *, public_key: str, port: int,
                         ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
                         name="fastdispatch-interactions-server")
         if health_port is not None:
-            health = Server(_service_app(state, app, engine.dispatcher, None, health_path,
-                                         metrics_path),
-                            health_listen, health_port, 2, max_body=4096,
-                            request_timeout=request_timeout, name="fastdispatch-health")
-            _log.info("health and metrics on http://%s:%d%s and %s", health_listen,
-                      health.port, health_path, metrics_path)
+            health = health_server(_service_app(state, app, engine.dispatcher, None,
+                                                health_path, metrics_path),
+                                   health_listen, health_port, request_timeout, _log,
+                                   "%s and %s" % (health_path, metrics_path))
         _log.info("interactions endpoint on http://%s:%d%s (SIGTERM or SIGINT to stop)",
                   listen, server.port, url_path)
         stopper.wait(lambda: server.alive)

@@ -35,14 +35,14 @@ have their own; a helper thread runs ``engine.shutdown`` so that a second
 signal can cut the wait short.
 """
 
-import json
 import logging
 import secrets
 import threading
 from time import monotonic
 from typing import Any, Callable, List, NamedTuple, Optional
 
-from .._serve import NewcomerLogging, Server, Stopper
+from .._http import scrub_secrets
+from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
 from ._intake import DEFAULT_MAX_PENDING, TelegramPoller, WebhookApp, webhook_app
 from ._sender import TelegramSender
 
@@ -153,7 +153,8 @@ def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = 
     deadline = "no deadline" if timeout is None else "the %.1f s deadline" % timeout
     line = ("shutdown: %sreplies: %d sent, %d failed, %d dropped at %s, "
             "%d refused and lost%s; drained in %.1f s -> exit %d" % (
-                "" if intake is None else "%d updates handled; " % report.handled, report.sent, report.failed, report.dropped, deadline,
+                "" if intake is None else "%d updates handled; " % report.handled,
+                report.sent, report.failed, report.dropped, deadline,
                 report.lost, "; %d updates left to Telegram to deliver again" % unconfirmed
                 if unconfirmed else "", seconds, report.exit_code))
     if error is not None:
@@ -220,31 +221,14 @@ def _service_app(state, intake, dispatcher, url_path=None, health_path="/healthz
     """The WSGI app the helpers serve: the webhook at ``url_path``, health
     and metrics beside it, 404 elsewhere."""
 
-    def app(environ, start_response):
-        path = environ.get("PATH_INFO") or "/"
-        try:
-            if url_path is not None and path == url_path:
-                return intake(environ, start_response)
-            if path == health_path:
-                status = "200 OK" if state["running"] else "503 Service Unavailable"
-                body = json.dumps({"status": "ok" if state["running"] else "draining",
-                                   "mode": state["mode"]}).encode() + b"\n"
-                ctype = "application/json"
-            elif path == metrics_path:
-                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
-                body = _metrics_text(state, intake, dispatcher)
-                if metrics is not None:
-                    from prometheus_client import generate_latest
-                    body += generate_latest(metrics)
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"404 Not Found\n"
-        except Exception:  # never into the server
-            _log.exception("health/metrics endpoint failed")
-            status, ctype, body = "500 Internal Server Error", "text/plain", b"500\n"
-        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
-        return [body]
+    def metrics_text():
+        body = _metrics_text(state, intake, dispatcher)
+        if metrics is not None:
+            from prometheus_client import generate_latest
+            body += generate_latest(metrics)
+        return body
 
-    return app
+    return service_app(state, intake, url_path, health_path, metrics_path, metrics_text)
 
 
 def _call_bot_api(sender, method, params):
@@ -313,9 +297,11 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     :func:`drain_engine`).  ``health_port``: serve ``/healthz`` and
     ``/metrics`` there (``metrics``: a prometheus_client registry or
     collector whose text is appended; each request held to
-    ``request_timeout`` seconds in all, see ``fastdispatch._serve``).  ``on_shutdown(report)`` gets the
-    :class:`ShutdownReport`.  Signal handlers are installed only when
-    called from the main thread (``handle_signals=False``: none).
+    ``request_timeout`` seconds in all, see ``fastdispatch._serve``).
+    ``on_shutdown(report)`` gets the :class:`ShutdownReport`.  Signal
+    handlers are installed only when called from the main thread
+    (``handle_signals=False``: none).  Without any logging configured,
+    the address and the report go to stderr.
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
@@ -328,11 +314,9 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     server = None
     try:
         if health_port is not None:
-            server = Server(_service_app(state, poller, engine.dispatcher, metrics=metrics),
-                            health_listen, health_port, 2, max_body=4096,
-                            request_timeout=request_timeout, name="fastdispatch-health")
-            _log.info("health and metrics on http://%s:%d/healthz and /metrics",
-                      health_listen, server.port)
+            server = health_server(_service_app(state, poller, engine.dispatcher,
+                                                metrics=metrics),
+                                   health_listen, health_port, request_timeout, _log)
         if delete_webhook or drop_pending_updates:
             try:
                 _call_bot_api(sender, "deleteWebhook",
@@ -420,12 +404,10 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
                         ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
                         name="fastdispatch-webhook-server")
         if health_port is not None:
-            health = Server(_service_app(state, app, engine.dispatcher, None, health_path,
-                                         metrics_path, metrics),
-                            health_listen, health_port, 2, max_body=4096,
-                            request_timeout=request_timeout, name="fastdispatch-health")
-            _log.info("health and metrics on http://%s:%d%s and %s", health_listen,
-                      health.port, health_path, metrics_path)
+            health = health_server(_service_app(state, app, engine.dispatcher, None,
+                                                health_path, metrics_path, metrics),
+                                   health_listen, health_port, request_timeout, _log,
+                                   "%s and %s" % (health_path, metrics_path))
         if webhook_url is not None:
             params = {"url": webhook_url, "secret_token": secret_token,
                       "drop_pending_updates": bool(drop_pending_updates)}
@@ -435,7 +417,7 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
                 params["max_connections"] = max_connections
             _call_bot_api(sender, "setWebhook", params)
         _log.info("webhook on http://%s:%d%s (SIGTERM or SIGINT to stop)", listen, server.port,
-                  url_path)
+                  scrub_secrets(url_path))  # a path may be made of the token
         stopper.wait(lambda: server.alive)
         state["running"] = False
         error = None if server.alive else "the web server stopped"
