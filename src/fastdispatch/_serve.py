@@ -19,9 +19,10 @@ defaults are unlimited):
   socket at the deadline; the app then runs on a body already read;
 - **threads and connections**: ``threads`` request threads; a new
   connection waits for its first byte in cheroot's selector, not on a
-  thread (idle ones are closed after ``request_timeout``); at most
-  ``threads`` connections with a request begun wait for a thread (more are
-  answered 503 by cheroot and closed); at most ``threads`` idle keep-alive
+  thread (idle ones are closed after ``request_timeout``); at most 100
+  connections with a request begun wait for a thread (Telegram's largest
+  ``max_connections``; more are answered 503 and closed); at most
+  ``threads`` idle keep-alive
   connections kept; the
   kernel holds up to 128 connections not accepted yet (cheroot's default
   of 5 made clients beyond it wait for SYN retransmissions: 100
@@ -53,6 +54,11 @@ __all__ = ["Server", "Stopper", "NewcomerLogging", "check_limits", "service_app"
            "health_server"]
 
 _log = logging.getLogger("fastdispatch")
+
+#: Connections with a request begun that may wait for a thread: Telegram
+#: delivers a webhook over up to ``max_connections`` (40 by default, 100 at
+#: most) connections at once, and none of them should meet a 503.
+MAX_WAITING = 100
 
 _current = threading.local()  # .call: the deadline of the request this thread reads
 
@@ -214,7 +220,8 @@ class Server:
         server = _ReadableFirst((listen, port), _BodyFirst(app, max_body, self),
                                 numthreads=threads, max=threads, server_name="fastdispatch",
                                 timeout=max(1, int(request_timeout)),
-                                accepted_queue_size=threads, accepted_queue_timeout=0,
+                                accepted_queue_size=max(threads, MAX_WAITING),
+                                accepted_queue_timeout=0,
                                 request_queue_size=128)
         server.ConnectionClass = _DeadlineConnection
         server.max_request_header_size = max_header_bytes
