@@ -1,39 +1,31 @@
 """A Discord echo bot over HTTP interactions: signed commands in, replies out
 as follow-ups, paced by the limits Discord announces.
 
-Run against Discord (needs ``pip install 'fastdispatch[discord]'``, an
-application with a ``/echo`` slash command that has a string option, and
+Run against Discord (needs ``pip install 'fastdispatch[discord,webhook]'``,
+an application with a ``/echo`` slash command that has a string option, and
 this server reachable over HTTPS at the application's Interactions Endpoint
-URL):
+URL, e.g. through a proxy that terminates TLS):
 
     DISCORD_BOT_TOKEN=... DISCORD_PUBLIC_KEY=<hex> python examples/discord_echo_bot.py
 
-It serves on port 8080 (``PORT``) until Ctrl-C.  Without
-``DISCORD_BOT_TOKEN`` the same bot runs against a local
-``FakeDiscordServer`` (on 127.0.0.1, with Discord's limits): the fake signs
-and POSTs 30 ``/echo`` commands in three channels, the script prints what
-each channel received and exits with status 0 only if every reply arrived,
-in order.
+It serves ``/interactions`` on port 8080 (``PORT``) of every network the
+machine is on (Discord must reach it), ``/healthz`` and ``/metrics`` on
+127.0.0.1:8081 only, until SIGTERM or Ctrl-C; then it drains the replies
+and exits 0 if every one went out.  Without ``DISCORD_BOT_TOKEN`` the same
+bot runs against a local ``FakeDiscordServer`` (on 127.0.0.1, with
+Discord's limits): the fake signs and POSTs 30 ``/echo`` commands in three
+channels, the script prints what each channel received and exits with
+status 0 only if every reply arrived, in order.
 """
 
 import os
+import socket
 import sys
 import threading
 import time
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from fastdispatch import Engine, OutboundDispatcher, Pacing, RetryPolicy, rules
-from fastdispatch.discord import DiscordSender, interactions_app
-
-
-class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class QuietHandler(WSGIRequestHandler):
-    def log_message(self, *args):
-        pass
+from fastdispatch.discord import DiscordSender, run_interactions
 
 
 def make_engine():
@@ -48,27 +40,16 @@ def make_engine():
     return engine
 
 
-def serve(app, port):
-    httpd = make_server("0.0.0.0" if port else "127.0.0.1", port, app,
-                        server_class=ThreadingWSGIServer, handler_class=QuietHandler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
-
-
 def run_real(token, public_key):
-    engine = make_engine()
-    sender = DiscordSender(token)
-    httpd = serve(interactions_app(engine, sender, public_key=public_key),
-                  int(os.environ.get("PORT", "8080")))
-    print("serving interactions on port %d; Ctrl-C to stop" % httpd.server_port)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    httpd.shutdown()
-    engine.shutdown(timeout=30)
-    return 0
+    return run_interactions(make_engine(), DiscordSender(token), public_key=public_key,
+                            listen="0.0.0.0", port=int(os.environ.get("PORT", "8080")),
+                            health_port=8081)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_local():
@@ -77,8 +58,19 @@ def run_local():
     with FakeDiscordServer() as server, \
             DiscordSender("local-token", base_url=server.api_url) as sender:
         engine = make_engine()
-        httpd = serve(interactions_app(engine, sender, public_key=server.public_key), 0)
-        url = "http://127.0.0.1:%d/interactions" % httpd.server_port
+        port, stop, codes = _free_port(), threading.Event(), []
+        bot = threading.Thread(target=lambda: codes.append(run_interactions(
+            engine, sender, public_key=server.public_key, port=port, stop=stop,
+            drain_timeout=10)))
+        bot.start()
+        url = "http://127.0.0.1:%d/interactions" % port
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the server listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
         channels = ["1001", "1002", "1003"]
         for i in range(10):
             for channel in channels:
@@ -88,9 +80,9 @@ def run_local():
         deadline = time.monotonic() + 60
         while len(server.all_messages()) < 30 and time.monotonic() < deadline:
             time.sleep(0.05)
-        httpd.shutdown()
-        engine.shutdown(timeout=10)
-        ok = True
+        stop.set()
+        bot.join()
+        ok = codes == [0]
         for channel in channels:
             got = [m.content for m in server.messages(channel)]
             print("channel %s: %s" % (channel, ", ".join(got)))

@@ -714,10 +714,10 @@ def test_webhook_arguments_are_checked(sender):
     with pytest.raises(ValueError, match="secret_token"):
         webhook_app(Engine(), sender, secret_token="has space")
     with pytest.raises(TypeError, match="engine"):
-        webhook_app(object(), sender)
+        webhook_app(object(), sender, secret_token=None)
     with pytest.raises(ValueError, match="max_body"):
-        webhook_app(Engine(), sender, max_body=0)
-    assert "NOT set" in repr(webhook_app(Engine(), sender))
+        webhook_app(Engine(), sender, secret_token=None, max_body=0)
+    assert "NOT set" in repr(webhook_app(Engine(), sender, secret_token=None))
 
 
 def test_two_senders_with_one_token_both_stay_redacted(server, caplog):
@@ -751,9 +751,13 @@ def test_a_handler_may_stop_its_own_poller(server, sender):
     assert server.pending_updates() == 1  # the first was confirmed, the second comes again
 
 
-def test_a_token_without_a_bot_id_shows_nothing_of_itself():
-    sender = TelegramSender("justasecretvalue", base_url="http://127.0.0.1:1")
-    assert "justasecretvalue" not in repr(sender) and sender.bot_id == "?"
+def test_a_token_not_shaped_like_a_bot_token_is_refused_at_the_call_without_showing_it():
+    for token in ("justasecretvalue", "not-a-token", ":abc", "12:", "12:ab:cd", "\u00b2:ab",
+                  "12:ab\u00e9", "abc:12"):
+        with pytest.raises(ValueError, match="token is not a bot token") as info:
+            TelegramSender(token, base_url="http://127.0.0.1:1")
+        assert token not in str(info.value)
+    assert TelegramSender("42:x", base_url="http://127.0.0.1:1").bot_id == "42"
 
 
 def test_errors_survive_pickling_with_their_fields():

@@ -403,7 +403,7 @@ def test_the_webhook_answers_503_once_closed_and_forgets_the_id(make_dispatcher)
     engine = echo_engine(make_dispatcher())
     sender = GatedSender()
     sender.gate.set()
-    app = webhook_app(engine, sender)
+    app = webhook_app(engine, sender, secret_token=None)
     assert call(app, update(1)) == 200
     app.close()
     assert call(app, update(2)) == 503
@@ -414,7 +414,7 @@ def test_the_webhook_answers_503_once_closed_and_forgets_the_id(make_dispatcher)
 def test_the_webhook_answers_503_during_the_engines_shutdown(make_dispatcher):
     engine = echo_engine(make_dispatcher())
     sender = GatedSender()
-    app = webhook_app(engine, sender)
+    app = webhook_app(engine, sender, secret_token=None)
     assert call(app, update(1)) == 200
     t = threading.Thread(target=engine.shutdown, args=(10,))
     t.start()
@@ -429,7 +429,7 @@ def test_the_webhook_answers_429_when_the_chats_queue_is_full_then_takes_it(make
     d = make_dispatcher(max_inflight=1, queue_size=1)
     engine = echo_engine(d)
     sender = GatedSender()
-    app = webhook_app(engine, sender)
+    app = webhook_app(engine, sender, secret_token=None)
     assert call(app, update(1)) == 200  # runs (held)
     assert wait_until(lambda: d.inflight == 1)
     assert call(app, update(2)) == 200  # waits
@@ -452,7 +452,7 @@ def test_a_redelivery_during_the_first_delivery_is_answered_503(make_dispatcher)
     def slow(ctx):
         release.wait(10)
 
-    app = webhook_app(engine, GatedSender())
+    app = webhook_app(engine, GatedSender(), secret_token=None)
     first = []
     t = threading.Thread(target=lambda: first.append(call(app, update(5))))
     t.start()
@@ -467,7 +467,7 @@ def test_update_ids_are_remembered_for_a_while_and_a_bounded_number(make_dispatc
     engine = Engine(make_dispatcher())
     handled = []
     engine.on()(lambda ctx: handled.append(ctx.event.text))
-    app = webhook_app(engine, GatedSender(), remember=3, remember_seconds=0.2)
+    app = webhook_app(engine, GatedSender(), secret_token=None, remember=3, remember_seconds=0.2)
     for i in range(1, 5):
         assert call(app, update(i, "u%d" % i)) == 200
     assert len(app._recent) == 3  # the count bound: update 1 was forgotten
@@ -480,7 +480,7 @@ def test_update_ids_are_remembered_for_a_while_and_a_bounded_number(make_dispatc
 def test_webhook_memory_arguments_are_checked(make_dispatcher):
     engine = Engine(make_dispatcher())
     with pytest.raises(ValueError, match="remember_seconds"):
-        webhook_app(engine, GatedSender(), remember_seconds=float("inf"))
+        webhook_app(engine, GatedSender(), secret_token=None, remember_seconds=float("inf"))
 
 
 # -- FakeTelegramServer delivers webhooks ----------------------------------------------
@@ -697,3 +697,23 @@ def test_run_helpers_check_their_arguments(sender):
     with pytest.raises(TypeError, match="stop"):
         run_polling(Engine(), sender, stop=True, delete_webhook=False)
 
+
+
+def test_a_poller_whose_polls_come_back_empty_at_once_does_not_spin(make_dispatcher):
+    # poll_timeout=0: the server answers [] at once, as one that does not
+    # hold long polls does.  The count is the server's, the bound follows
+    # from the time it had (a slow machine makes fewer requests, never more).
+    engine = echo_engine(make_dispatcher())
+    with FakeTelegramServer(TOKEN) as server:
+        sender = TelegramSender(TOKEN, base_url=server.base_url)
+        poller = TelegramPoller(sender, engine, poll_timeout=0, idle_pause=0.2)
+        started = time.monotonic()
+        poller.start()
+        time.sleep(1.0)
+        server.push_message(5, "still heard")
+        assert wait_until(lambda: poller.handled == 1)
+        poller.stop(5)
+        elapsed = time.monotonic() - started
+        requests = server.stats()["requests"]
+    engine.shutdown(5)
+    assert requests <= elapsed / 0.2 + 4, (requests, elapsed)

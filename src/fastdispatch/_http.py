@@ -55,12 +55,13 @@ import itertools
 import json as _json
 import logging
 import os
+import re
 import socket
 import threading
 import time
 import weakref
 from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 try:
     import urllib3
@@ -71,6 +72,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as _Urllib3Error
 
 from ._errors import DispatcherError
+from ._netnum import parse_int
 
 __all__ = ["JsonHttpClient", "HttpAnswer", "HttpTransportError", "PlatformError",
            "PlatformNetworkError", "describe", "check_seconds"]
@@ -107,6 +109,9 @@ class PlatformError(DispatcherError):
     """
 
     def __init__(self, status, description, parameters=None, method=""):
+        # A server's text may quote the request (a proxy echoing the path
+        # holds the bot token): no live secret stays in it.
+        description = scrub_secrets(description)
         super().__init__(status, description)
         self.status = status
         self.description = description
@@ -133,6 +138,7 @@ class PlatformNetworkError(ConnectionError):
     """
 
     def __init__(self, method, reason, status=None):
+        reason = scrub_secrets(reason)
         super().__init__(reason)
         self.method = method
         self.reason = reason
@@ -187,6 +193,23 @@ def describe(exc: BaseException, secrets: Iterable[str] = ()) -> str:
 
 # -- secrets never reach a log -----------------------------------------------
 
+def _spellings(secret):
+    """A secret as it may come back in a server's text: as sent, and
+    percent-encoded (upper- and lower-case hex), as a proxy may echo a path."""
+    quoted = quote(secret, safe="")
+    return {secret, quoted, re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quoted)}
+
+
+def scrub_secrets(text: Any) -> Any:
+    """``text`` (when a ``str``) with every live client's secret, in every
+    spelling a server may echo it, replaced by ``<token>``."""
+    if not isinstance(text, str):
+        return text
+    for secret in _redact.spellings:
+        if secret in text:
+            text = text.replace(secret, "<token>")
+    return text
+
 class _RedactSecrets(logging.Filter):
     """On urllib3's loggers: replace every live client's secrets by ``<token>``.
 
@@ -206,6 +229,7 @@ class _RedactSecrets(logging.Filter):
         self._owners = collections.Counter()  # secret -> live owners holding it
         self._dead = collections.deque()  # secrets of dead owners, not yet forgotten
         self.secrets = ()  # the secrets of live owners, as one tuple
+        self.spellings = ()  # those secrets and their percent-encodings, longest first
 
     def remember(self, owner, secrets):
         secrets = tuple(s for s in secrets if s)
@@ -231,9 +255,11 @@ class _RedactSecrets(logging.Filter):
                 if owners[s] <= 0:
                     del owners[s]
         self.secrets = tuple(owners)
+        self.spellings = tuple(sorted({s for secret in owners for s in _spellings(secret)},
+                                      key=len, reverse=True))
 
     def filter(self, record):
-        secrets = self.secrets
+        secrets = self.spellings
         if not secrets:
             return True
         try:
@@ -495,10 +521,9 @@ class JsonHttpClient:
 
     def _read(self, response):
         limit = self.max_answer_bytes
-        declared = response.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and len(declared) < 20 \
-                and int(declared) > limit:
-            raise HttpTransportError("the answer is %s bytes, over the %d-byte limit"
+        declared = parse_int(response.headers.get("Content-Length"))
+        if declared is not None and declared > limit:
+            raise HttpTransportError("the answer is %d bytes, over the %d-byte limit"
                                      % (declared, limit))
         data = response.read(limit + 1)
         if len(data) > limit:

@@ -64,7 +64,7 @@ from ._types import DispatcherHooks
 
 try:  # ``pip install fastdispatch[prometheus]``
     from prometheus_client import REGISTRY as _DEFAULT_REGISTRY
-    from prometheus_client import start_http_server as _start_http_server
+    from prometheus_client import make_wsgi_app as _make_wsgi_app
     from prometheus_client.core import (
         CounterMetricFamily,
         GaugeMetricFamily,
@@ -73,7 +73,7 @@ try:  # ``pip install fastdispatch[prometheus]``
     from prometheus_client.utils import floatToGoString as _le_label
 except ImportError:  # pragma: no cover - exercised where the extra is absent
     _DEFAULT_REGISTRY = None  # type: ignore[assignment]
-    _start_http_server = None  # type: ignore[assignment]
+    _make_wsgi_app = None  # type: ignore[assignment]
 
 try:  # the compiled core records latencies itself, with no Python per task
     from ._ringbuf import LatencyHistogram as _LatencyHistogram
@@ -288,7 +288,7 @@ class PrometheusMetrics:
     """
 
     def __init__(self, registry=_DEFAULT_REGISTRY, *, buckets=LATENCY_BUCKETS):
-        if _start_http_server is None:
+        if _make_wsgi_app is None:
             raise ImportError("PrometheusMetrics needs prometheus-client: "
                               "pip install fastdispatch[prometheus]")
         bounds = tuple(float(b) for b in buckets)
@@ -478,21 +478,18 @@ class MetricsServer:
     """A running metrics endpoint (see :func:`serve`): ``.port``, ``.url``,
     ``.stop()``; a context manager."""
 
-    def __init__(self, httpd, thread):
-        self._httpd = httpd
-        self._thread = thread
-        self.addr, self.port = httpd.server_address[:2]
+    def __init__(self, server, addr):
+        self._server = server
+        self.addr, self.port = addr, server.port
         host = "[%s]" % self.addr if ":" in self.addr else self.addr
         self.url = "http://%s:%d/metrics" % (host, self.port)
 
     def stop(self, timeout=5.0):
         """Stop serving and close the socket; return once the thread ended."""
-        if self._thread is None:
+        if self._server is None:
             return
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout)
-        self._thread = None
+        self._server.stop()
+        self._server = None
 
     def __enter__(self):
         return self
@@ -504,7 +501,7 @@ class MetricsServer:
         return "<MetricsServer %s>" % (self.url,)
 
 
-def serve(port=0, registry=None, *, addr="127.0.0.1"):
+def serve(port=0, registry=None, *, addr="127.0.0.1", request_timeout=10.0):
     """Expose ``registry`` in the Prometheus text format on ``addr:port``.
 
     ``registry``: a prometheus_client registry, or any collector (such as a
@@ -514,9 +511,13 @@ def serve(port=0, registry=None, *, addr="127.0.0.1"):
     (``"0.0.0.0"`` for a Prometheus server on another machine).  Returns a
     :class:`MetricsServer`; call ``.stop()`` when done.  The server runs on a
     daemon thread, answers every path with the metrics, and serves
-    concurrent scrapes.
+    concurrent scrapes on 2 threads, each request held to ``request_timeout``
+    seconds in all, 16 KiB of headers and no body (the limits of every
+    server of the package, ``fastdispatch._serve``; it needs cheroot, which
+    the ``prometheus`` extra installs).  prometheus_client's own
+    ``start_http_server`` gives every connection a thread, with no timeout.
     """
-    if _start_http_server is None:
+    if _make_wsgi_app is None:
         raise ImportError("serve needs prometheus-client: pip install fastdispatch[prometheus]")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError("port must be an int in 0..65535, got %r" % (port,))
@@ -525,8 +526,10 @@ def serve(port=0, registry=None, *, addr="127.0.0.1"):
     elif not callable(getattr(registry, "collect", None)):
         raise TypeError("registry must be a prometheus_client registry or collector, got %r"
                         % (type(registry).__name__,))
-    httpd, thread = _start_http_server(port, addr=addr, registry=registry)
-    return MetricsServer(httpd, thread)
+    from ._serve import Server
+    server = Server(_make_wsgi_app(registry), addr, port, 2, max_body=4096,
+                    request_timeout=request_timeout, name="fastdispatch-metrics")
+    return MetricsServer(server, addr)
 
 
 # ------------------------------------------------------------ OpenTelemetry

@@ -44,6 +44,8 @@ import threading
 import uuid
 from time import monotonic
 
+from .._netnum import parse_int
+
 __all__ = ["SharedLimiter", "LIMIT_SCRIPT"]
 
 LIMIT_SCRIPT = """
@@ -140,8 +142,10 @@ class SharedLimiter:
     def _call(self, chat_id, mode, member, max_wait=0.0):
         r = self._script(keys=self.keys_for(chat_id),
                          args=self._args + [_us(max_wait), member, mode])
-        ok, wait_us = r[0], r[1]
-        return bool(ok), max(0, int(wait_us)) / 1_000_000
+        ok, wait_us = r[0], parse_int(r[1], signed=True)
+        if wait_us is None:  # not our script's answer: ask again a second later
+            return False, 1.0
+        return bool(ok), max(0, wait_us) / 1_000_000
 
     def acquire(self, chat_id, sc, max_wait):
         """Wait (in ``sc.wait``) until a start is allowed; returns None then.

@@ -22,6 +22,8 @@ import re
 import urllib.parse
 import zlib
 
+from .._netnum import parse_int
+
 __all__ = [
     "DEFAULT_SHARDS", "DEFAULT_ACK_WAIT", "ShardMismatch", "shard_of", "chat_token",
     "subject_for", "dead_subject_for", "consumer_name", "ensure_topology",
@@ -229,7 +231,10 @@ async def ensure_topology(js, stream, shards=None, ack_wait=DEFAULT_ACK_WAIT):
     if SHARDS_METADATA not in meta:
         raise ShardMismatch("stream %r exists but was not made by fastdispatch.cluster "
                             "(no %r in its metadata)" % (stream, SHARDS_METADATA))
-    have = int(meta[SHARDS_METADATA])
+    have = parse_int(meta[SHARDS_METADATA], lo=1, hi=65536)
+    if have is None:
+        raise ShardMismatch("stream %r has a shard count that is not a number (%r in its "
+                            "metadata): drain it and recreate it" % (stream, SHARDS_METADATA))
     if shards is not None and have != shards:
         raise ShardMismatch("stream %r has %d shards, not %d: drain it and recreate it "
                             "to change the shard count" % (stream, have, shards))

@@ -21,7 +21,8 @@ use it with ``Pacing.discord()`` (the bot-wide 50 requests/s).
 Interactions in: :func:`interactions_app` (WSGI) verifies Discord's Ed25519
 signature, answers ``PING``, acknowledges commands at once and hands them to
 the ``Engine`` as ``Event``s; replies go back through the dispatcher as
-follow-up messages.
+follow-up messages.  :func:`run_interactions` serves it (with health and
+metrics) until SIGTERM, then drains the replies.
 
 The bot token is a password: it is kept in a private attribute and the
 ``Authorization`` header, never in a repr, an exception or a log (errors
@@ -33,12 +34,14 @@ is a local Discord to test against.
 
 from .._http import PlatformError
 from ._intake import InteractionsApp, interaction_to_event, interactions_app, message_to_event
+from ._run import run_interactions
 from ._sender import (
     DiscordNetworkError, DiscordSender, InvalidRequestBudgetExhausted, InvalidRequestGuard)
 
 __all__ = [
     "DiscordSender",
     "interactions_app",
+    "run_interactions",
     "InteractionsApp",
     "interaction_to_event",
     "message_to_event",

@@ -34,16 +34,25 @@ Why PyNaCl (libsodium) for Ed25519: measured against ``cryptography``
 is what Discord's own documentation uses.  Either is small next to the
 3 s an interaction may take.
 
-Threads: the app keeps no per-request state; ``_lock`` guards ``stats``.
-The handlers run on the server's request thread, after the answer.
+Replays.  A signature stays valid for ``max_age``: a captured request sent
+again, byte for byte, verifies.  The app remembers the id of every
+interaction it handled while its signature can still verify (``2 x
+max_age``: a timestamp may be that far either side of now), at most
+``remember`` of them (the oldest go first; about 150 bytes each), and
+acknowledges a repeated one without running its handlers again.
+
+Threads: ``_lock`` guards ``stats``, ``_seen`` and ``_closed``.  The
+handlers run on the server's request thread, after the answer.
 """
 
+import collections
 import json
 import logging
 import threading
 import time
 from typing import Any, Dict, Optional
 
+from .._netnum import parse_int
 from ..platform import Capabilities, ChatInfo, Event, SenderInfo, SendResult
 from ._sender import DiscordSender, _SecretHolder
 
@@ -57,7 +66,8 @@ _KINDS = {APPLICATION_COMMAND: "command", MESSAGE_COMPONENT: "component",
           MODAL_SUBMIT: "modal"}
 _STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized",
            405: "405 Method Not Allowed", 411: "411 Length Required",
-           413: "413 Payload Too Large", 500: "500 Internal Server Error"}
+           413: "413 Payload Too Large", 500: "500 Internal Server Error",
+           503: "503 Service Unavailable"}
 
 
 def _str(value):
@@ -203,17 +213,26 @@ class InteractionsApp:
     """The WSGI callable made by :func:`interactions_app`.  ``.stats`` counts
     answers by status and ``pings``, ``handled``, ``ignored``, ``bad_signature``."""
 
-    def __init__(self, engine, sender, verify, max_body, max_age):
+    def __init__(self, engine, sender, verify, max_body, max_age, remember=100_000):
         self.engine = engine
+        self.remember = remember
+        self._seen: "collections.OrderedDict[str, float]" = collections.OrderedDict()
         self.sender = sender
         self._verify = verify
         self.max_body = max_body
         self.max_age = max_age
         self._capabilities = sender.capabilities() if hasattr(sender, "capabilities") else None
-        self._lock = threading.Lock()  # guards stats
+        self._lock = threading.Lock()  # guards stats and _closed
         self.stats: Dict[Any, int] = {200: 0, 400: 0, 401: 0, 405: 0, 411: 0, 413: 0, 500: 0,
-                                      "pings": 0, "handled": 0, "ignored": 0,
-                                      "bad_signature": 0}
+                                      503: 0, "pings": 0, "handled": 0, "ignored": 0,
+                                      "bad_signature": 0, "replayed": 0}
+        self._closed = False
+
+    def close(self) -> None:
+        """From now on, answer every request 503 without reading it (a
+        shutdown: Discord shows the user that the command failed)."""
+        with self._lock:
+            self._closed = True
 
     def __repr__(self):
         return "<fastdispatch.discord interactions app>"
@@ -247,11 +266,8 @@ class InteractionsApp:
         if stream is None:
             return 400, None
         if length.strip():
-            try:
-                length = int(length)
-            except ValueError:
-                return 400, None
-            if length < 0:
+            length = parse_int(length)
+            if length is None:
                 return 400, None
             if length > self.max_body:
                 return 413, None
@@ -261,13 +277,31 @@ class InteractionsApp:
             return (413, None) if len(body) > self.max_body else (200, body)
         return 411, None
 
+    def _first_time(self, interaction_id):
+        """True the first time ``interaction_id`` is seen while a signature
+        over it can still verify; False for a replay."""
+        now = time.monotonic()
+        with self._lock:
+            seen, horizon = self._seen, now - 2 * self.max_age
+            while seen:
+                oldest, at = next(iter(seen.items()))
+                if at > horizon and len(seen) < self.remember:
+                    break
+                del seen[oldest]
+            if interaction_id in seen:
+                self.stats["replayed"] += 1
+                return False
+            seen[interaction_id] = now
+            return True
+
     def _signed(self, environ, body):
         signature = environ.get("HTTP_X_SIGNATURE_ED25519")
         timestamp = environ.get("HTTP_X_SIGNATURE_TIMESTAMP")
-        if not isinstance(signature, str) or not isinstance(timestamp, str) \
-                or len(signature) != 128 or not timestamp.isdigit() or len(timestamp) > 12:
+        seconds = parse_int(timestamp, max_digits=12) if isinstance(timestamp, str) else None
+        if not isinstance(signature, str) or len(signature) != 128 or seconds is None \
+                or timestamp != timestamp.strip():
             return False
-        if abs(time.time() - int(timestamp)) > self.max_age:
+        if abs(time.time() - seconds) > self.max_age:
             return False
         try:
             raw = bytes.fromhex(signature)
@@ -278,6 +312,8 @@ class InteractionsApp:
     def _handle(self, environ):
         if environ.get("REQUEST_METHOD") != "POST":
             return 405, None, None
+        if self._closed:
+            return 503, None, None
         status, body = self._read(environ)
         if body is None:
             return status, None, None
@@ -303,8 +339,16 @@ class InteractionsApp:
         app = interaction.get("application_id")
         if event is None or not isinstance(token, str) or not token or \
                 not token.isascii() or any(c in token for c in "/?#% \t\r\n") \
-                or not isinstance(app, str) or not app.isdigit():
+                or not isinstance(app, str) or parse_int(app, max_digits=20) is None \
+                or app != app.strip():
             self._count("ignored")
+            return 200, {"type": _ACK[itype]}, None
+        interaction_id = interaction.get("id")
+        if not isinstance(interaction_id, str) or not interaction_id:
+            interaction_id = "sig:" + environ.get("HTTP_X_SIGNATURE_ED25519", "")
+        if not self._first_time(interaction_id):
+            _log.warning("interactions: interaction %r came again (a replayed request); "
+                         "acknowledged, not handled again", interaction_id[:40])
             return 200, {"type": _ACK[itype]}, None
         replies = _FollowUps(self.sender, app, token)
         self._count("handled")
@@ -342,7 +386,8 @@ def _verifier(public_key):
 
 
 def interactions_app(engine: Any, sender: DiscordSender, *, public_key: str,
-                     max_body: int = 1 << 20, max_age: float = 300.0) -> InteractionsApp:
+                     max_body: int = 1 << 20, max_age: float = 300.0,
+                     remember: int = 100_000) -> InteractionsApp:
     """A WSGI application for Discord's Interactions Endpoint URL.
 
     - ``engine``: has ``process_event(event, sender, capabilities)``;
@@ -353,7 +398,10 @@ def interactions_app(engine: Any, sender: DiscordSender, *, public_key: str,
     - ``max_body``: larger requests are answered 413 unread;
     - ``max_age``: a signature whose timestamp is further than this many
       seconds from now is refused (401), so a captured request cannot be
-      replayed later.
+      replayed later;
+    - ``remember``: how many interaction ids are kept to acknowledge a
+      replay within that window without running it again (see the module
+      docstring).
 
     Not POST -> 405; a missing, malformed or failing signature -> 401;
     not JSON -> 400; PING -> ``{"type": 1}``; commands, components, modals
@@ -369,4 +417,7 @@ def interactions_app(engine: Any, sender: DiscordSender, *, public_key: str,
     if isinstance(max_age, bool) or not isinstance(max_age, (int, float)) or \
             not 0 < max_age < float("inf"):
         raise ValueError("max_age must be a positive number of seconds, got %r" % (max_age,))
-    return InteractionsApp(engine, sender, _verifier(public_key), max_body, float(max_age))
+    if isinstance(remember, bool) or not isinstance(remember, int) or remember < 1:
+        raise ValueError("remember must be a positive int, got %r" % (remember,))
+    return InteractionsApp(engine, sender, _verifier(public_key), max_body, float(max_age),
+                           remember)

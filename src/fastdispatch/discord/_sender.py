@@ -34,12 +34,14 @@ import logging
 import math
 import threading
 import time
+from urllib.parse import quote
 from typing import Any, Dict, Optional
 
 from .._errors import RetryAfter
 from .._http import (
     DEFAULT_TIMEOUT, HttpTransportError, JsonHttpClient, PlatformError, PlatformNetworkError,
     _redact)
+from .._netnum import parse_int, parse_seconds
 from ..platform import Capabilities, SendResult
 
 __all__ = ["DiscordSender", "DiscordNetworkError", "InvalidRequestBudgetExhausted",
@@ -152,28 +154,14 @@ class InvalidRequestGuard:
 # -- answers: every number in them is outside input -----------------------------
 
 def seconds_value(value: Any, default: Optional[float] = DEFAULT_RETRY_AFTER) -> Optional[float]:
-    """A number of seconds from an answer (a JSON number or a header string)
-    as a float in ``[0, MAX_RETRY_AFTER]``; ``default`` when it is not one."""
-    if isinstance(value, str):
-        if len(value) > 32:
-            return default
-        try:
-            value = float(value)
-        except ValueError:
-            return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default
-    if isinstance(value, int):
-        value = float(min(value, int(MAX_RETRY_AFTER))) if value >= 0 else -1.0
-    if not value >= 0:  # negative or NaN
-        return default
-    return min(value, MAX_RETRY_AFTER)
+    """A number of seconds from an answer (a JSON number or a header string
+    of ASCII digits, see ``fastdispatch._netnum``) as a float in
+    ``[0, MAX_RETRY_AFTER]``; ``default`` when it is not one."""
+    return parse_seconds(value, default, cap=MAX_RETRY_AFTER)
 
 
 def _remaining_value(text):
-    if not isinstance(text, str) or not text.isdigit() or len(text) > 9:
-        return None
-    return int(text)
+    return parse_int(text, max_digits=9) if isinstance(text, str) else None
 
 
 def _bucket_value(text):
@@ -200,7 +188,7 @@ def report_headers(sc: Any, headers: Any, resource: str) -> None:
     report(remaining, reset_after, bucket=None if bucket is None else "%s:%s" % (bucket, resource))
 
 
-def _decode(method, answer):
+def _decode(method, answer, secret=None):
     """The answer's JSON (None for an empty ``204``), or an exception to raise."""
     status = answer.status
     if 200 <= status < 300:
@@ -225,6 +213,8 @@ def _decode(method, answer):
         message = "HTTP %d" % status
     elif len(message) > _MAX_DESCRIPTION:
         message = message[:_MAX_DESCRIPTION] + "..."
+    if secret:  # the errors scrub every live client's token; this one is the call's
+        message = message.replace(secret, "<token>").replace(quote(secret, safe=""), "<token>")
     if status >= 500:
         return None, DiscordNetworkError(method, "HTTP %d: %s" % (status, message), status)
     code = body.get("code")
@@ -240,7 +230,7 @@ def _bot_id(token):
         text = base64.b64decode(first + "=" * (-len(first) % 4), validate=True).decode("ascii")
     except (ValueError, UnicodeDecodeError):
         return "?"
-    return text if text.isdigit() and len(text) < 24 else "?"
+    return text if parse_int(text) is not None else "?"
 
 
 def _digest(secret):
@@ -250,7 +240,7 @@ def _digest(secret):
 
 def _snowflake(name, value):
     text = str(value)
-    if not text.isdigit() or len(text) > 20:
+    if parse_int(text, max_digits=20) is None or text != text.strip():
         raise ValueError("%s must be a Discord id (a snowflake: digits), got %r" % (name, value))
     return text
 
@@ -317,12 +307,13 @@ class DiscordSender:
 
     def request(self, method: str, path: str, *, json: Any = None, sc: Any = None,
                 resource: str = "", route: str = "", headers: Optional[Dict[str, str]] = None,
-                timeout: Optional[float] = None) -> Any:
+                timeout: Optional[float] = None, secret: Optional[str] = None) -> Any:
         """One REST call: ``method path`` with a JSON body; returns the
         answer's JSON (None for ``204``) or raises ``RetryAfter`` /
         :class:`DiscordNetworkError` / :class:`PlatformError`.  With ``sc``,
         the answer's limits are reported for ``resource``.  ``route`` names
-        the call in errors (the path may hold a secret)."""
+        the call in errors (the path may hold a secret); ``secret`` (an
+        interaction token in the path) is kept out of the errors' text."""
         route = route or "%s %s" % (method, path)
         self.guard.check(route)
         err = None
@@ -339,7 +330,7 @@ class DiscordSender:
             self.guard.record()
         if sc is not None:
             report_headers(sc, answer.headers, resource)
-        result, err = _decode(route, answer)
+        result, err = _decode(route, answer, secret)
         if err is not None:
             raise err
         return result
@@ -377,7 +368,7 @@ class DiscordSender:
                               json={"content": text}, sc=sc,
                               resource="%s/%s" % (app, _digest(interaction_token)),
                               route="POST /webhooks/{application.id}/{interaction.token}",
-                              timeout=remaining)
+                              timeout=remaining, secret=interaction_token)
         message_id = result.get("id") if isinstance(result, dict) else None
         return SendResult(message_id=message_id if isinstance(message_id, str) else "",
                           raw=result)

@@ -10,6 +10,7 @@ import datetime
 import math
 
 from .._errors import RetryAfter
+from .._netnum import parse_int
 
 __all__ = ["UNPACED_METHODS", "chat_key", "no_chat_key", "retry_after", "seconds_of"]
 
@@ -54,10 +55,8 @@ def chat_key(chat_id):
         return int(chat_id)
     if isinstance(chat_id, str):
         text = chat_id.strip()
-        digits = text[1:] if text[:1] == "-" else text
-        if digits.isdigit():
-            return int(text)
-        return text
+        number = parse_int(text, signed=True)  # ASCII digits only: "²" stays a name
+        return text if number is None else number
     return chat_id
 
 

@@ -22,6 +22,7 @@ from time import monotonic
 from typing import Any, Dict, List, Optional
 
 from .._errors import RetryAfter
+from .._netnum import parse_int
 from ..platform import ChatInfo, Event, SenderInfo
 from ._sender import PlatformError, TelegramSender, _check_seconds, _display_name
 
@@ -118,10 +119,30 @@ def _offer(engine, sender, capabilities, update, event):
     return ACCEPTED, outcome
 
 
+#: Replies pending (queued or running) across every chat beyond which the
+#: intakes take no new update: about 7 KiB each in memory (one update from
+#: each of 50,000 chats, replies held: +338 MiB without the bound, +66 MiB
+#: with this one), and at Telegram's 30 messages/s 10,000 are more than
+#: five minutes of sending.
+DEFAULT_MAX_PENDING = 10_000
+
+
+def _check_max_pending(max_pending):
+    if max_pending is not None and (isinstance(max_pending, bool) or not isinstance(
+            max_pending, int) or max_pending < 1):
+        raise ValueError("max_pending must be a positive int or None, got %r" % (max_pending,))
+    return max_pending
+
+
 class _Room:
     """Whether a chat's reply queue has room for one more update's replies,
-    so that an intake holds an update back *before* its handlers run rather
-    than lose the replies that do not fit.
+    and the bot room for more replies pending at all, so that an intake
+    holds an update back *before* its handlers run rather than lose the
+    replies that do not fit, or pile them up in memory.
+
+    Bot-wide: at most ``max_pending`` replies queued or running across
+    every chat (the dispatcher's cheap ``_pending_count()``); a flood of
+    updates from many chats is then left to Telegram, which keeps it.
 
     The room needed is the most replies one update has made so far; the
     queue's capacity is the dispatcher's ``queue_size`` where it says it,
@@ -131,9 +152,11 @@ class _Room:
     stale read only makes one decision a little early or late.
     """
 
-    def __init__(self, engine):
+    def __init__(self, engine, max_pending=None):
         dispatcher = getattr(engine, "dispatcher", None)
         self._queue_len = getattr(dispatcher, "queue_len", None)
+        self._pending_count = getattr(dispatcher, "_pending_count", None)
+        self.max_pending = max_pending
         capacity = getattr(dispatcher, "queue_size", None)
         self.known = isinstance(capacity, int) and not isinstance(capacity, bool)
         self.capacity = capacity if self.known else None
@@ -147,6 +170,17 @@ class _Room:
             return queue_len(chat_id) + min(self.per_update, capacity) <= capacity
         except Exception:  # a dispatcher of the caller's: no room check then
             return True
+
+    def bot_full(self):
+        """True when one more update's replies would take the replies
+        pending across every chat past ``max_pending``."""
+        count = self._pending_count
+        if self.max_pending is None or count is None:
+            return False
+        try:
+            return count() + self.per_update > self.max_pending
+        except Exception:  # a dispatcher of the caller's: no bound then
+            return False
 
     def learn_refusal(self, chat_id):
         if self.known or self._queue_len is None:
@@ -204,7 +238,8 @@ class TelegramPoller:
 
     ``TelegramPoller(sender, engine, poll_timeout=30, *, limit=100,
     offset=None, allowed_updates=None, backoff=0.5, max_backoff=30.0,
-    max_retry_after=120.0, on_conflict="stop", recheck=0.25)``
+    max_retry_after=120.0, on_conflict="stop", recheck=0.25, idle_pause=1.0,
+    max_pending=10_000)``
 
     **Offsets, at least once.**  ``getUpdates(offset=N)`` tells Telegram to
     forget every update below N, so the poller sends, as :attr:`offset`,
@@ -220,10 +255,17 @@ class TelegramPoller:
     instead of long polling.  Updates are handled one at a time, in order;
     one the engine refuses whole (every reply refused: its chat's queue is
     full) is run again once the chat has room, which holds back the
-    updates after it (back-pressure to Telegram, which keeps them).
+    updates after it (back-pressure to Telegram, which keeps them); so is
+    every update while ``max_pending`` replies are queued or running across
+    all chats (None: no bot-wide bound): the offset stays, Telegram keeps
+    the rest of a flood.
     :meth:`stop` confirms what is settled by then, :meth:`confirm` (after
     ``engine.shutdown()``) what settled since; ``run_polling`` does both.
-    Pass ``offset=`` to resume from a stored value.
+    Pass ``offset=`` to resume from a stored value.  A ``getUpdates`` that
+    brings nothing new, with nothing in hand, is followed by the next one no
+    sooner than ``idle_pause`` seconds after it was sent: a server that
+    does not hold long polls (or ``poll_timeout=0``) is asked about once a
+    second, not thousands of times.
 
     **Errors.**  Network errors, 5xx and other failures back off
     exponentially (``backoff`` x 2^n, capped at ``max_backoff``, with
@@ -243,7 +285,8 @@ class TelegramPoller:
                  allowed_updates: Optional[List[str]] = None,
                  backoff: float = 0.5, max_backoff: float = 30.0,
                  max_retry_after: float = 120.0, on_conflict: str = "stop",
-                 recheck: float = 0.25) -> None:
+                 recheck: float = 0.25, idle_pause: float = 1.0,
+                 max_pending: Optional[int] = DEFAULT_MAX_PENDING) -> None:
         if not isinstance(sender, TelegramSender):
             raise TypeError("sender must be a TelegramSender")
         if not callable(getattr(engine, "process_event", None)):
@@ -268,9 +311,10 @@ class TelegramPoller:
         self.max_backoff = _check_wait("max_backoff", max_backoff)
         self.max_retry_after = _check_wait("max_retry_after", max_retry_after)
         self.recheck = _check_wait("recheck", recheck)
+        self.idle_pause = _check_wait("idle_pause", idle_pause)
         self.on_conflict = on_conflict
         self._capabilities = sender.capabilities()
-        self._room = _Room(engine)
+        self._room = _Room(engine, _check_max_pending(max_pending))
         self._lock = threading.Lock()  # guards _conn and _thread
         self._conn: Any = None
         self._thread: Optional[threading.Thread] = None
@@ -446,6 +490,7 @@ class TelegramPoller:
             while not self._stop.is_set():
                 try:
                     offset = self.offset
+                    asked = monotonic()
                     try:
                         updates = self._fetch(offset)
                     except RetryAfter as exc:
@@ -481,7 +526,10 @@ class TelegramPoller:
                         return
                     failures = 0
                     if not self._handle_batch(updates):
-                        self._wait_for_settlement(len(updates) >= self.limit)
+                        if self.pending:
+                            self._wait_for_settlement(len(updates) >= self.limit)
+                        else:  # the server did not hold the line: do not spin
+                            self._wait(self.idle_pause - (monotonic() - asked))
                 except Exception as exc:
                     if self._stop.is_set():
                         break
@@ -528,6 +576,10 @@ class TelegramPoller:
         event = update_to_event(update)
         room = self._room
         while True:
+            if event is not None and room.bot_full():
+                self.busy += 1
+                if not self._wait_for_bot_room():
+                    return False
             if event is not None and not room.available(event.chat.id):
                 self.busy += 1
                 if not self._wait_for_room(event.chat.id):
@@ -577,6 +629,17 @@ class TelegramPoller:
         while not self._wait(0.02):
             if room.available(chat_id) and (room.capacity is not None or queue_len is None
                                             or queue_len(chat_id) < full):
+                return True
+        return False
+
+    def _wait_for_bot_room(self):
+        """Wait until the replies pending across all chats leave room (or
+        stop); False on stop.  The update in hand and those after it stay
+        with Telegram meanwhile (the offset does not move)."""
+        _log.info("%d replies pending across all chats (max_pending): holding updates back",
+                  self._room.max_pending)
+        while not self._wait(0.02):
+            if not self._room.bot_full():
                 return True
         return False
 
@@ -662,17 +725,18 @@ class WebhookApp:
     :meth:`shutdown` closes it, drains the engine and reports.
     """
 
-    def __init__(self, engine, sender, secret_token, max_body, remember, remember_seconds):
+    def __init__(self, engine, sender, secret_token, max_body, remember, remember_seconds,
+                 max_pending=DEFAULT_MAX_PENDING):
         self.engine = engine
         self.sender = sender
         self._secret = None if secret_token is None else secret_token.encode("ascii")
         self.max_body = max_body
         self._capabilities = sender.capabilities() if hasattr(sender, "capabilities") else None
-        self._room = _Room(engine)
+        self._room = _Room(engine, max_pending)
         self._lock = threading.Lock()  # guards stats, _recent, _closed
         self.stats = {200: 0, 400: 0, 403: 0, 405: 0, 411: 0, 413: 0, 429: 0, 500: 0, 503: 0,
                       "duplicates": 0, "in_progress": 0, "handled": 0, "ignored": 0,
-                      "lost_replies": 0}
+                      "lost_replies": 0, "bot_busy": 0}
         self._recent = _RecentIds(remember, remember_seconds)
         self._closed = False
 
@@ -732,11 +796,8 @@ class WebhookApp:
         if stream is None:
             return 400
         if length.strip():
-            try:
-                length = int(length)
-            except ValueError:
-                return 400
-            if length < 0:
+            length = parse_int(length)
+            if length is None:
                 return 400
             if length > self.max_body:
                 return 413
@@ -749,7 +810,7 @@ class WebhookApp:
             return 411
         try:
             update = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, or nested past the stack
             return 400
         if not isinstance(update, dict):
             return 400
@@ -768,6 +829,10 @@ class WebhookApp:
         status, kind = 500, None
         try:
             event = update_to_event(update)
+            if event is not None and self._room.bot_full():
+                with self._lock:
+                    self.stats["bot_busy"] += 1
+                return 429  # max_pending replies across all chats: Telegram keeps it
             if event is not None and not self._room.available(event.chat.id):
                 return 429  # its chat's queue has no room: held back before it runs
             kind, outcome = _offer(self.engine, self.sender, self._capabilities, update, event)
@@ -801,9 +866,18 @@ class WebhookApp:
                 self.stats["lost_replies"] += lost
 
 
-def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
+_UNSET: Any = object()
+
+NO_SECRET_ADVICE = (
+    "anyone who finds the URL can post forged updates to the bot. Pass secret_token= "
+    "(1-256 characters A-Z, a-z, 0-9, _ and -) and give the same value to setWebhook "
+    "(run_webhook(webhook_url=...) registers the webhook with a random one for you)")
+
+
+def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = _UNSET, *,
                 max_body: int = 1 << 20, remember: int = 100_000,
-                remember_seconds: float = 600.0) -> WebhookApp:
+                remember_seconds: float = 600.0,
+                max_pending: Optional[int] = DEFAULT_MAX_PENDING) -> WebhookApp:
     """A WSGI application that receives Telegram's webhook POSTs.
 
     - not POST -> 405; a ``secret_token`` was given and the
@@ -818,8 +892,11 @@ def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
       accepted (the handlers ran, their replies are queued); 429 when every
       reply it made was refused because its chat's queue is full, and 503
       when the engine is shutting down: Telegram then delivers it again
-      later, and its id is not remembered.  Update kinds that are not text
-      messages are answered 200 and ignored.
+      later, and its id is not remembered.  So is every text message while
+      ``max_pending`` replies are queued or running across all chats (a
+      flood from many chats stays with Telegram instead of in memory; None:
+      no bot-wide bound).  Update kinds that are not text messages are
+      answered 200 and ignored.
     - Re-deliveries: the ids answered 200 within the last
       ``remember_seconds`` (at most ``remember`` of them; about 140 bytes
       each) are answered 200 again without running the update twice; one
@@ -827,8 +904,15 @@ def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
 
     It never raises into the server; nothing it keeps grows with the number
     of requests beyond those bounds.  Set the same ``secret_token`` in
-    ``setWebhook`` (``run_webhook`` does both).
+    ``setWebhook`` (``run_webhook`` does both).  ``secret_token`` must be
+    given: ``secret_token=None`` (only where something in front of the app
+    checks the header) is logged as a warning, since anyone who finds the
+    URL can then post updates.
     """
+    if secret_token is _UNSET:
+        raise TypeError("webhook_app needs secret_token=: the value given to setWebhook's "
+                        "secret_token, which Telegram sends in every request (or "
+                        "secret_token=None to accept updates from anyone who finds the URL)")
     if secret_token is not None:
         if not isinstance(secret_token, str):
             raise TypeError("secret_token must be a str or None")
@@ -844,4 +928,7 @@ def webhook_app(engine: Any, sender: Any, secret_token: Optional[str] = None, *,
     if isinstance(remember_seconds, bool) or not isinstance(remember_seconds, (int, float)) or \
             not 0 <= remember_seconds < float("inf"):
         raise ValueError("remember_seconds must be a non-negative finite number of seconds")
-    return WebhookApp(engine, sender, secret_token, max_body, remember, float(remember_seconds))
+    if secret_token is None:
+        _log.warning("webhook_app(secret_token=None): %s", NO_SECRET_ADVICE)
+    return WebhookApp(engine, sender, secret_token, max_body, remember, float(remember_seconds),
+                      _check_max_pending(max_pending))

@@ -35,21 +35,24 @@ have their own; a helper thread runs ``engine.shutdown`` so that a second
 signal can cut the wait short.
 """
 
-import json
 import logging
 import secrets
-import signal
 import threading
 from time import monotonic
 from typing import Any, Callable, List, NamedTuple, Optional
 
-from .._signals import SignalRelay
-from ._intake import TelegramPoller, WebhookApp, webhook_app
+from .._http import scrub_secrets
+from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
+from ._intake import DEFAULT_MAX_PENDING, TelegramPoller, WebhookApp, webhook_app
 from ._sender import TelegramSender
 
 __all__ = ["run_polling", "run_webhook", "drain_engine", "ShutdownReport"]
 
 _log = logging.getLogger("fastdispatch.telegram")
+
+
+def _Stopper(stop, handle_signals):
+    return Stopper(stop, handle_signals, _log)
 
 
 class ShutdownReport(NamedTuple):
@@ -148,57 +151,16 @@ def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = 
     unconfirmed = intake.pending if isinstance(intake, TelegramPoller) else 0
     report = ShutdownReport(handled, sent, failed, dropped, lost, unconfirmed, seconds, error)
     deadline = "no deadline" if timeout is None else "the %.1f s deadline" % timeout
-    line = ("shutdown: %d updates handled; replies: %d sent, %d failed, %d dropped at %s, "
+    line = ("shutdown: %sreplies: %d sent, %d failed, %d dropped at %s, "
             "%d refused and lost%s; drained in %.1f s -> exit %d" % (
-                report.handled, report.sent, report.failed, report.dropped, deadline,
+                "" if intake is None else "%d updates handled; " % report.handled,
+                report.sent, report.failed, report.dropped, deadline,
                 report.lost, "; %d updates left to Telegram to deliver again" % unconfirmed
                 if unconfirmed else "", seconds, report.exit_code))
     if error is not None:
         line += " (%s)" % error
     (_log.info if report.exit_code == 0 else _log.error)(line)
     return report
-
-
-# -- signals -----------------------------------------------------------------------
-
-class _Stopper:
-    """SIGTERM/SIGINT -> ``stop``; a second one -> ``force`` (installed only
-    in the main thread, where Python delivers signals; restored after).
-    The events are set from a :class:`SignalRelay`'s thread, never from the
-    handler: the main thread may hold ``stop``'s own lock when the signal
-    comes (it waits on ``stop``)."""
-
-    def __init__(self, stop, handle_signals):
-        if stop is not None and not isinstance(stop, threading.Event):
-            raise TypeError("stop must be a threading.Event or None")
-        self.stop = stop if stop is not None else threading.Event()
-        self.force = threading.Event()
-        self.signum = None
-        self._relay = SignalRelay(self._on_signal, name="fastdispatch-telegram-signals")
-        if handle_signals:
-            self._relay.install()
-
-    def _on_signal(self, signum):
-        if self.stop.is_set():
-            self.force.set()
-        else:
-            self.signum = signum
-            self.stop.set()
-
-    def wait(self, alive):
-        """Block until stopped, or until ``alive()`` turns False."""
-        try:
-            while not self.stop.wait(0.2):
-                if not alive():
-                    break
-        except KeyboardInterrupt:  # handle_signals=False and Ctrl-C
-            self.stop.set()
-        if self.signum is not None:
-            _log.info("%s: stopping intake and draining replies (again to stop waiting)",
-                      signal.Signals(self.signum).name)
-
-    def restore(self):
-        self._relay.restore()
 
 
 # -- health and metrics --------------------------------------------------------------
@@ -259,71 +221,14 @@ def _service_app(state, intake, dispatcher, url_path=None, health_path="/healthz
     """The WSGI app the helpers serve: the webhook at ``url_path``, health
     and metrics beside it, 404 elsewhere."""
 
-    def app(environ, start_response):
-        path = environ.get("PATH_INFO") or "/"
-        try:
-            if url_path is not None and path == url_path:
-                return intake(environ, start_response)
-            if path == health_path:
-                status = "200 OK" if state["running"] else "503 Service Unavailable"
-                body = json.dumps({"status": "ok" if state["running"] else "draining",
-                                   "mode": state["mode"]}).encode() + b"\n"
-                ctype = "application/json"
-            elif path == metrics_path:
-                status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
-                body = _metrics_text(state, intake, dispatcher)
-                if metrics is not None:
-                    from prometheus_client import generate_latest
-                    body += generate_latest(metrics)
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"404 Not Found\n"
-        except Exception:  # never into the server
-            _log.exception("health/metrics endpoint failed")
-            status, ctype, body = "500 Internal Server Error", "text/plain", b"500\n"
-        start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
-        return [body]
+    def metrics_text():
+        body = _metrics_text(state, intake, dispatcher)
+        if metrics is not None:
+            from prometheus_client import generate_latest
+            body += generate_latest(metrics)
+        return body
 
-    return app
-
-
-class _Server:
-    """cheroot serving ``app`` on a thread of its own."""
-
-    def __init__(self, app, listen, port, threads, ssl_certfile=None, ssl_keyfile=None):
-        try:
-            from cheroot import wsgi
-        except ImportError:
-            raise ImportError("the webhook and health server need cheroot: pip install "
-                              "'fastdispatch[telegram,webhook]'") from None
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError("port must be an int in 0..65535, got %r" % (port,))
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError("threads must be a positive int, got %r" % (threads,))
-        self._server = wsgi.Server((listen, port), app, numthreads=threads,
-                                   server_name="fastdispatch")
-        self._server.shutdown_timeout = 5
-        if ssl_certfile is not None:
-            from cheroot.ssl.builtin import BuiltinSSLAdapter
-            self._server.ssl_adapter = BuiltinSSLAdapter(ssl_certfile, ssl_keyfile)
-        self._server.prepare()  # binds now: a port in use fails here, not later
-        self.port = self._server.bind_addr[1]
-        self._thread = threading.Thread(target=self._serve, name="fastdispatch-webhook-server",
-                                        daemon=True)
-        self._thread.start()
-
-    def _serve(self):
-        try:
-            self._server.serve()
-        except BaseException:  # noqa: B902 - logged, and run_* notices the thread ended
-            _log.exception("the web server stopped")
-
-    @property
-    def alive(self):
-        return self._thread.is_alive()
-
-    def stop(self):
-        self._server.stop()
-        self._thread.join(10)
+    return service_app(state, intake, url_path, health_path, metrics_path, metrics_text)
 
 
 def _call_bot_api(sender, method, params):
@@ -351,11 +256,13 @@ def _check_parts(engine, sender):
         raise TypeError("engine must have a process_event(event, sender, capabilities) method")
 
 
-def _wind_up(state, stopper, server):
+def _wind_up(state, stopper, servers, newcomer):
     state["running"] = False
     stopper.restore()
-    if server is not None:
-        server.stop()
+    for server in servers:
+        if server is not None:
+            server.stop()
+    newcomer.restore()
 
 
 def _reported(report, on_shutdown):
@@ -371,8 +278,9 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
                 delete_webhook: bool = True, drop_pending_updates: bool = False,
                 on_conflict: str = "stop", drain_timeout: Optional[float] = 30.0,
                 health_port: Optional[int] = None, health_listen: str = "127.0.0.1",
-                metrics: Any = None, stop: Optional[threading.Event] = None,
-                handle_signals: bool = True,
+                metrics: Any = None, request_timeout: float = 10.0,
+                max_pending: Optional[int] = DEFAULT_MAX_PENDING,
+                stop: Optional[threading.Event] = None, handle_signals: bool = True,
                 on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
     """Run a bot on ``getUpdates`` long polling until SIGTERM/SIGINT (or
     ``stop`` is set, or the poller stops by itself); return the exit status.
@@ -381,28 +289,34 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     (``delete_webhook=True``; with ``drop_pending_updates`` Telegram also
     forgets the updates waiting for the bot).  The poller is a
     :class:`TelegramPoller` (at least once: an update is confirmed only once
-    its replies went out; its options are passed through).  On a signal:
+    its replies went out; its options are passed through; with
+    ``max_pending`` replies queued or running across all chats it holds
+    its offset and Telegram keeps the rest).  On a signal:
     the poller stops, replies drain for up to ``drain_timeout`` seconds,
     the settled updates are confirmed, and what was left is reported (see
     :func:`drain_engine`).  ``health_port``: serve ``/healthz`` and
     ``/metrics`` there (``metrics``: a prometheus_client registry or
-    collector whose text is appended).  ``on_shutdown(report)`` gets the
-    :class:`ShutdownReport`.  Signal handlers are installed only when
-    called from the main thread (``handle_signals=False``: none).
+    collector whose text is appended; each request held to
+    ``request_timeout`` seconds in all, see ``fastdispatch._serve``).
+    ``on_shutdown(report)`` gets the :class:`ShutdownReport`.  Signal
+    handlers are installed only when called from the main thread
+    (``handle_signals=False``: none).  Without any logging configured,
+    the address and the report go to stderr.
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
     poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
-                            allowed_updates=allowed_updates, on_conflict=on_conflict)
+                            allowed_updates=allowed_updates, on_conflict=on_conflict,
+                            max_pending=max_pending)
+    newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
     stopper = _Stopper(stop, handle_signals)
     state = {"running": True, "mode": "polling"}
     server = None
     try:
         if health_port is not None:
-            server = _Server(_service_app(state, poller, engine.dispatcher, metrics=metrics),
-                             health_listen, health_port, 2)
-            _log.info("health and metrics on http://%s:%d/healthz and /metrics",
-                      health_listen, server.port)
+            server = health_server(_service_app(state, poller, engine.dispatcher,
+                                                metrics=metrics),
+                                   health_listen, health_port, request_timeout, _log)
         if delete_webhook or drop_pending_updates:
             try:
                 _call_bot_api(sender, "deleteWebhook",
@@ -422,7 +336,7 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
                               force=stopper.force, error=error)
         poller.confirm()
     finally:
-        _wind_up(state, stopper, server)
+        _wind_up(state, stopper, (server,), newcomer)
     return _reported(report, on_shutdown)
 
 
@@ -433,48 +347,67 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
                 max_connections: Optional[int] = None, delete_webhook_on_exit: bool = False,
                 drain_timeout: Optional[float] = 30.0, threads: int = 8,
                 health_path: str = "/healthz", metrics_path: str = "/metrics",
+                health_port: Optional[int] = None, health_listen: str = "127.0.0.1",
                 metrics: Any = None, ssl_certfile: Optional[str] = None,
                 ssl_keyfile: Optional[str] = None, remember: int = 100_000,
-                remember_seconds: float = 600.0, stop: Optional[threading.Event] = None,
-                handle_signals: bool = True,
+                remember_seconds: float = 600.0, max_body: int = 1 << 20,
+                request_timeout: float = 10.0, max_header_bytes: int = 16 << 10,
+                max_pending: Optional[int] = DEFAULT_MAX_PENDING,
+                stop: Optional[threading.Event] = None, handle_signals: bool = True,
                 on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
     """Serve Telegram's webhook until SIGTERM/SIGINT (or ``stop`` is set);
     return the exit status.
 
     ``sys.exit(run_webhook(engine, sender, listen="0.0.0.0", port=8443,
     webhook_url="https://bot.example.com/telegram"))``.  Serves
-    :func:`webhook_app` at ``url_path`` (and ``/healthz``, ``/metrics``
-    beside it) on ``listen:port`` with cheroot, ``threads`` request threads
-    (TLS with ``ssl_certfile``/``ssl_keyfile``, or behind a proxy that
-    terminates it).  With ``webhook_url``, registers it (``setWebhook`` with
-    ``secret_token``, ``drop_pending_updates``, ``allowed_updates``,
-    ``max_connections``); without ``secret_token`` a random one is made for
-    it.  On a signal: new updates are answered 503 (Telegram delivers them
-    again, to the next process), replies drain for up to ``drain_timeout``
-    seconds, what was left is reported (:func:`drain_engine`), the server
-    stops; ``deleteWebhook`` only with ``delete_webhook_on_exit`` (a
-    restart should keep receiving).
+    :func:`webhook_app` at ``url_path`` on ``listen:port`` with cheroot,
+    ``threads`` request threads (TLS with ``ssl_certfile``/``ssl_keyfile``,
+    or behind a proxy that terminates it).  ``listen="0.0.0.0"`` takes
+    requests from every network the machine is on: whatever is served on
+    that port is public.  ``/healthz`` and ``/metrics`` are served beside
+    the webhook, or, with ``health_port``, only on ``health_listen:
+    health_port`` (by default 127.0.0.1: private).  Every request is held
+    to ``max_header_bytes`` of headers, ``max_body`` bytes of body and
+    ``request_timeout`` seconds in all to arrive (see
+    ``fastdispatch._serve``).  With ``webhook_url``, registers it
+    (``setWebhook`` with ``secret_token``, ``drop_pending_updates``,
+    ``allowed_updates``, ``max_connections``); without ``secret_token`` a
+    random one is made for it.  With ``max_pending`` replies queued or
+    running across all chats, new updates are answered 429 (Telegram
+    delivers them again later).  On a signal: new updates are answered 503
+    (Telegram delivers them again, to the next process), replies drain for
+    up to ``drain_timeout`` seconds, what was left is reported
+    (:func:`drain_engine`), the server stops; ``deleteWebhook`` only with
+    ``delete_webhook_on_exit`` (a restart should keep receiving).  Without
+    any logging configured, the address and the report go to stderr.
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
     if not isinstance(url_path, str) or not url_path.startswith("/"):
         raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
-    if url_path in (health_path, metrics_path):
+    if health_port is None and url_path in (health_path, metrics_path):
         raise ValueError("url_path must differ from health_path and metrics_path")
     if secret_token is None and webhook_url is not None:
         secret_token = secrets.token_urlsafe(32)  # only [A-Za-z0-9_-]: what Telegram takes
-    elif secret_token is None:
-        _log.warning("run_webhook without secret_token: anyone who finds the URL can post "
-                     "updates to the bot")
-    app = webhook_app(engine, sender, secret_token, remember=remember,
-                      remember_seconds=remember_seconds)
+    newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
+    app = webhook_app(engine, sender, secret_token, max_body=max_body, remember=remember,
+                      remember_seconds=remember_seconds, max_pending=max_pending)
     stopper = _Stopper(stop, handle_signals)
     state = {"running": True, "mode": "webhook"}
-    server = None
+    server = health = None
     try:
-        server = _Server(_service_app(state, app, engine.dispatcher, url_path, health_path,
-                                      metrics_path, metrics),
-                         listen, port, threads, ssl_certfile, ssl_keyfile)
+        beside = (None, None) if health_port is not None else (health_path, metrics_path)
+        server = Server(_service_app(state, app, engine.dispatcher, url_path, *beside,
+                                     metrics=metrics),
+                        listen, port, threads, max_body=max_body,
+                        request_timeout=request_timeout, max_header_bytes=max_header_bytes,
+                        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                        name="fastdispatch-webhook-server")
+        if health_port is not None:
+            health = health_server(_service_app(state, app, engine.dispatcher, None,
+                                                health_path, metrics_path, metrics),
+                                   health_listen, health_port, request_timeout, _log,
+                                   "%s and %s" % (health_path, metrics_path))
         if webhook_url is not None:
             params = {"url": webhook_url, "secret_token": secret_token,
                       "drop_pending_updates": bool(drop_pending_updates)}
@@ -484,7 +417,7 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
                 params["max_connections"] = max_connections
             _call_bot_api(sender, "setWebhook", params)
         _log.info("webhook on http://%s:%d%s (SIGTERM or SIGINT to stop)", listen, server.port,
-                  url_path)
+                  scrub_secrets(url_path))  # a path may be made of the token
         stopper.wait(lambda: server.alive)
         state["running"] = False
         error = None if server.alive else "the web server stopped"
@@ -497,5 +430,5 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
             except Exception:
                 pass
     finally:
-        _wind_up(state, stopper, server)
+        _wind_up(state, stopper, (server, health), newcomer)
     return _reported(report, on_shutdown)

@@ -11,6 +11,7 @@ retries.
 import collections
 import json
 import logging
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -19,6 +20,7 @@ from .._errors import RetryAfter
 from .._http import (
     DEFAULT_TIMEOUT, HttpTransportError, JsonHttpClient, PlatformError, PlatformNetworkError,
     check_seconds)
+from .._netnum import parse_seconds
 from ..platform import Capabilities, SenderInfo, SendResult
 
 __all__ = ["TelegramSender", "PlatformError", "TelegramNetworkError", "MAX_RETRY_AFTER"]
@@ -34,6 +36,9 @@ MAX_RETRY_AFTER = 86400.0
 DEFAULT_RETRY_AFTER = 1.0
 _MAX_DESCRIPTION = 1000  # characters of a server's description kept in an error
 _MAX_CHAT_ID = 1 << 63  # Bot API ids fit in 52 bits; anything past int64 is not an id
+# What BotFather hands out: "<bot id>:<35 characters of [A-Za-z0-9_-]>" (the
+# length is not checked: self-hosted Bot API servers and tests use others).
+_TOKEN_SHAPE = re.compile(r"[0-9]{1,20}:[A-Za-z0-9_-]{1,256}", re.ASCII)
 
 
 class TelegramNetworkError(PlatformNetworkError):
@@ -60,13 +65,9 @@ def retry_after_seconds(value: Any) -> float:
     a finite number in ``[0, MAX_RETRY_AFTER]``.  Larger (a 400-digit
     integer, ``1e308``, infinity) is capped; anything else (missing,
     negative, NaN, a string, a bool) is ``DEFAULT_RETRY_AFTER``."""
-    if _whole_int(value):
-        if value < 0:
-            return DEFAULT_RETRY_AFTER
-        return float(value) if value <= MAX_RETRY_AFTER else MAX_RETRY_AFTER
-    if isinstance(value, float) and value >= 0:  # NaN fails this
-        return value if value <= MAX_RETRY_AFTER else MAX_RETRY_AFTER
-    return DEFAULT_RETRY_AFTER
+    if not isinstance(value, (int, float)):  # the Bot API sends a JSON number
+        return DEFAULT_RETRY_AFTER
+    return parse_seconds(value, DEFAULT_RETRY_AFTER, cap=MAX_RETRY_AFTER)
 
 
 def _migrate_target(parameters):
@@ -163,9 +164,12 @@ class TelegramSender:
                  max_migrations: int = 10000) -> None:
         if not isinstance(token, str):
             raise TypeError("token must be a str")
-        if not token or any(c in token for c in "/?#% \t\r\n"):
-            raise ValueError("token is not a bot token (it is empty or holds characters "
-                             "that cannot be part of one)")
+        if not _TOKEN_SHAPE.fullmatch(token):
+            # Never the token itself in the message: it may be a real one, mistyped.
+            raise ValueError("token is not a bot token: BotFather's tokens are the bot's "
+                             "numeric id, a colon and letters, digits, '_' or '-' (like "
+                             "'123456789:AAH...'); got %d characters that are not that"
+                             % len(token))
         if on_migrate is not None and not callable(on_migrate):
             raise TypeError("on_migrate must be callable or None")
         if isinstance(max_migrations, bool) or not isinstance(max_migrations, int) \
@@ -178,10 +182,9 @@ class TelegramSender:
         self.base_url = self._http.base_url
         self.timeout = self._http.timeout
         self.connect_timeout = self._http.connect_timeout
-        prefix, colon, _ = token.partition(":")
         # The part before ":" is the bot's public user id; nothing else of
         # the token is ever shown.
-        self.bot_id = prefix if colon and prefix.isdigit() else "?"
+        self.bot_id = token.partition(":")[0]
         self._prefix = "/bot%s/" % token
         self.on_migrate = on_migrate
         self.max_migrations = max_migrations
