@@ -16,6 +16,18 @@ import pytest
 
 from fastdispatch.bench import report
 
+# Printed under the table when a target is MISSED: what a miss in this run
+# can and cannot mean.
+MISSED_NOTE = (
+    "",
+    "MISSED: in this run.  pytest-benchmark times the contenders one after the other,",
+    "so a change of the machine's load between them moves a ratio (on a shared",
+    "machine one round varies by +-30 %); 'python -m fastdispatch bench' lets the",
+    "contenders take turns and is the reference for these targets.  Whether",
+    "fastdispatch itself got slower is what 'bench_compare' answers (docs/performance.md,",
+    "\"Did an upgrade make it slower?\").",
+)
+
 # (group, contender) -> median seconds; (contender, what) -> bytes.
 MEDIANS = {}
 MEMORY = {}
@@ -61,6 +73,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in report.format_table(
             ("measure", "ours", "baseline", "ratio", "target", ""), rows).splitlines():
         tr.write_line(line)
+    if any(row[-1].startswith("MISSED") for row in rows):
+        for line in MISSED_NOTE:
+            tr.write_line(line)
     if MEMORY:
         tr.write_line("")
         impls = sorted({impl for impl, _ in MEMORY})
