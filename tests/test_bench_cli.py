@@ -149,6 +149,7 @@ def test_the_suite_says_why_a_target_was_missed():
     class Reporter:
         def __init__(self):
             self.lines = []
+            self.stats = {}
 
         def section(self, title):
             self.lines.append(title)
@@ -192,3 +193,16 @@ def test_the_comparison_module_times_fastdispatch_alone_in_cpu_time():
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "%d passed" % len(tests) in proc.stdout
+
+
+def test_the_suite_says_which_modules_it_skipped_and_why_without_rs(tmp_path):
+    # Run as a user runs it, from a directory of their own (none of the
+    # project's pytest options), with the prometheus extra missing.
+    code = ("import sys; sys.modules['prometheus_client'] = None; import pytest; "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--pyargs', "
+            "'fastdispatch.bench.suite.bench_metrics', '--benchmark-disable']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert "1 skipped" in proc.stdout, proc.stdout + proc.stderr
+    summary = proc.stdout.split("skipped ==")[-1]
+    assert "bench_metrics.py: could not import 'prometheus_client'" in summary, proc.stdout

@@ -135,3 +135,35 @@ def test_a_page_added_to_docs_is_run_and_a_broken_block_fails(tmp_path):
     assert "1 failed, 2 passed, 1 skipped" in out, out
     assert "docs/new.md:15: AssertionError" in out and "the page is wrong" in out, out
     assert "a sketch" in out, out
+
+
+# The extra a module of the package needs beyond fastdispatch itself.
+EXTRA_OF = {"fastdispatch.telegram": "telegram", "fastdispatch.discord": "discord",
+            "fastdispatch.cluster": "cluster", "fastdispatch.metrics": "prometheus"}
+PY_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```", re.M | re.S)
+
+
+def test_a_page_says_which_extra_its_first_example_needs_before_showing_it():
+    # A reader copies the first example of a page: the page says beforehand
+    # which extra that example needs (e.g. pip install 'fastdispatch[telegram]').
+    missing = []
+    for page in _pages():
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for module, extra in EXTRA_OF.items():
+            uses = re.compile(r"^\s*(from %s\b|import %s\b)" % (re.escape(module),
+                                                                 re.escape(module)), re.M)
+            first = next((m for m in PY_BLOCK.finditer(text) if uses.search(m.group(1))), None)
+            if first is not None and "[%s" % extra not in text[:first.start()] \
+                    and ",%s" % extra not in text[:first.start()]:
+                missing.append("%s: %s (needs [%s])" % (os.path.basename(page), module, extra))
+    assert not missing, missing
+
+
+def test_examples_are_plain_code():
+    # What a reader copies must read as code a person writes: no dead
+    # branches, no inline __import__.
+    tricks = re.compile(r"if False else|__import__\(")
+    found = ["%s: %s" % (os.path.basename(page), m.group(0))
+             for page in _pages() for m in tricks.finditer(open(page, encoding="utf-8").read())]
+    assert not found, found
