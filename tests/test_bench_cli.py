@@ -206,3 +206,26 @@ def test_the_suite_says_which_modules_it_skipped_and_why_without_rs(tmp_path):
     assert "1 skipped" in proc.stdout, proc.stdout + proc.stderr
     summary = proc.stdout.split("skipped ==")[-1]
     assert "bench_metrics.py: could not import 'prometheus_client'" in summary, proc.stdout
+
+
+def test_the_performance_page_gives_one_comparison_recipe_on_the_comparison_module():
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    page = os.path.join(root, "docs", "performance.md")
+    if not os.path.exists(page):
+        pytest.skip("needs the source checkout")
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    gates = re.findall(r"--benchmark-compare-fail=(\w+):(\d+)%", text)
+    assert len(gates) == 1, gates
+    (stat, percent), = gates
+    assert stat == "min" and int(percent) <= 15
+    line = next(ln for ln in text.splitlines() if "--benchmark-compare-fail=" in ln)
+    assert "fastdispatch.bench.suite.bench_compare" in line and "--benchmark-compare " in line
+    # The install step names the version: "pip install --upgrade" does nothing
+    # on the newest version, and the comparison would compare it with itself.
+    block = next(b for b in text.split("```sh")[1:] if "--benchmark-compare-fail" in b)
+    block = block.split("```")[0]
+    installs = [ln for ln in block.splitlines() if ln.startswith("pip install")]
+    assert len(installs) == 2 and all("==" in ln and "--upgrade" not in ln for ln in installs)

@@ -12,7 +12,7 @@ fastdispatch alone, in CPU time (:mod:`.bench_compare`)::
     python -m pytest --pyargs fastdispatch.bench.suite.bench_compare --benchmark-save=before
     pip install 'fastdispatch==NEW'
     python -m pytest --pyargs fastdispatch.bench.suite.bench_compare \
-        --benchmark-compare --benchmark-compare-fail=min:10%
+        --benchmark-compare --benchmark-compare-fail=min:15%
 
 pytest-benchmark keeps the saved runs in ``.benchmarks/`` of the current
 directory (``--benchmark-storage`` to put them elsewhere).  The other

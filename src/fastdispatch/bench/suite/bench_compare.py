@@ -5,7 +5,7 @@ Run (the recipe of docs/performance.md, "Did an upgrade make it slower?")::
     python -m pytest --pyargs fastdispatch.bench.suite.bench_compare --benchmark-save=before
     pip install 'fastdispatch==<the new version>'
     python -m pytest --pyargs fastdispatch.bench.suite.bench_compare \\
-        --benchmark-compare --benchmark-compare-fail=min:10%
+        --benchmark-compare --benchmark-compare-fail=min:15%
 
 Only fastdispatch is measured here, so a failed comparison can only mean
 fastdispatch changed: the baselines (``floor``, ``ThreadPoolExecutor``, the
@@ -26,7 +26,16 @@ Three choices make one build compared with itself pass on a loaded machine
   of many rounds is the one it disturbed least.  Compare ``min``.
 - **Enough work per round, enough rounds.**  A round is thousands of calls
   (a few milliseconds of CPU), far above the timer's resolution, and each
-  benchmark takes 60 to 200 rounds.
+  benchmark takes 60 to 150 rounds.
+
+What is left out, and why: 10,000 ``submit`` calls end to end (each
+Future's result read).  Its CPU time grows with the machine's load by
+itself (the caller and eight workers hand Futures and the GIL to one
+another, and every hand-off a busy scheduler delays costs more wake-ups):
+one build against itself differed by 22 % with a CPU-bound process and a
+compiler beside it.  Its parts are here (``submit`` to busy chats; the
+workers' loop in the ``post`` end-to-end run), and the whole is in
+``bench_dispatcher``, beside its baselines.
 
 The whole module takes about 30 seconds.  Each benchmark's ``extra_info``
 says how many operations a round performs (``ops_per_round``): divide to get
@@ -90,30 +99,6 @@ def test_submit_to_64_queued_chats(benchmark):
 def test_end_to_end_post(benchmark):
     """10,000 no-op tasks posted over 1000 chats, run by 8 workers, drained."""
     _scenario_rounds(benchmark, scenarios.EndToEnd(IMPL, post=True), 60)
-
-
-class _SubmitDrainRead(scenarios.EndToEnd):
-    """10,000 submitted, the dispatcher drained, then every Future's result read.
-
-    Reading each result as it comes (``EndToEnd``) blocks the caller on
-    Futures not done yet, and how often it sleeps and is woken depends on
-    how the workers were scheduled: on a loaded machine its CPU time moved
-    by 11 % between two runs of one build.  Reading after ``drain()`` costs
-    the same work (submit, run, resolve, read) without that wait.
-    """
-
-    def _run_one(self):
-        submit, chats, task = self.d.submit, self.chats, self.task
-        futures = [submit(i % chats, task) for i in range(self.ops)]
-        self.d.drain()
-        for future in futures:
-            future.result()
-
-
-@cpu_time
-def test_end_to_end_submit(benchmark):
-    """10,000 no-op tasks submitted over 1000 chats, drained; every result read."""
-    _scenario_rounds(benchmark, _SubmitDrainRead(IMPL), 60)
 
 
 def _calls(benchmark, fn, *args, iterations, rounds=100):
