@@ -76,7 +76,9 @@ def test_every_skipped_block_says_why():
             text = f.read()
         for match in SKIP.finditer(text):
             action, reason = match.group(1), match.group(2).strip()
-            if action in ("next", "start") and not re.fullmatch(r'"[^"]+"', reason):
+            # "why", or a condition with its reason: if(cond, reason="why")
+            if action in ("next", "start") and not re.fullmatch(
+                    r'"[^"]+"|if\(.+,\s*reason="[^"]+"\)', reason):
                 bare.append("%s:%d: %s" % (os.path.relpath(page, ROOT),
                                            text.count("\n", 0, match.start()) + 1,
                                            match.group(0)))
@@ -185,3 +187,22 @@ def test_the_api_reference_builds_without_a_warning(tmp_path):
     for name in ("OutboundDispatcher.submit", "OutboundDispatcher.post",
                  "OutboundDispatcher.shutdown", "SendContext", "RetryAfter"):
         assert 'id="fastdispatch.%s"' % name in page, name
+
+
+def test_the_readme_is_a_page_for_users_first():
+    # The README is the package index's page: what it is and how to install
+    # it come before how to develop it; the two development commands and
+    # CI's use of the test command stay exactly as they are.
+    _needs_checkout()
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    install = text.index("pip install fastdispatch")
+    assert install < text.index("tools/dev.sh") and install < text.index("```python")
+    for command in ("bash tools/dev.sh demo", "bash tools/dev.sh test"):
+        assert re.search(r"^%s\b" % re.escape(command), text, re.M), command
+    assert "docs/bots.md" in text and "docs/api/index.rst" in text
+    assert "on both cores" not in text     # read as two CPU cores: say what it means
+    assert "VENV=" in text and "PYTHON=" in text and "minutes" in text.split("bash tools/dev.sh test")[1][:200]
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read()
+    assert re.search(r"^bash tools/dev.sh test$", ci, re.M)
