@@ -17,7 +17,7 @@ call stack passes, and the groups are printed with their shares.
 
 Needs ``perf`` and leave to trace scheduler events (root, or
 ``kernel.perf_event_paranoid`` at -1).  The figures and what they led to:
-``docs/performance.md``, "Free-threaded CPython".
+``bench/notes/freethreading.md``.
 """
 
 import argparse

@@ -3,7 +3,7 @@
 The script itself needs perf and leave to trace the scheduler; what is
 tested here is its reading of ``perf script`` text: only switches away from
 a runnable thread count, and each one falls in the first group whose test
-its stack passes (the design note's table in docs/performance.md is made
+its stack passes (the design note's table in bench/notes/freethreading.md is made
 of these groups).
 """
 

@@ -19,6 +19,16 @@ def test_demo_delivers_in_order_through_http_with_injected_429s_and_5xx():
     assert "delivered       400 / 400  (0 failed)" in out.stdout
     assert "per-chat order  OK" in out.stdout and "0 duplicates" in out.stdout
     assert "injected)" in out.stdout and "all checks passed" in out.stdout
+    assert "5xx received" in out.stdout and "all injected, 5.0% of sends" in out.stdout
+    assert "retries " in out.stdout and "in all)" not in out.stdout
+
+
+def test_demo_without_injected_faults_says_why_no_5xx_came():
+    out = demo("--messages", "60", "--chats", "6", "--speedup", "20")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (line,) = [ln for ln in out.stdout.splitlines() if "5xx received" in ln]
+    assert line.split()[2] == "0" and "--inject-5xx" in line and "injected;" not in line
+    assert "sends tried again after a 429 or a 5xx" in out.stdout
 
 
 def test_demo_help_shows_plain_descriptions_and_defaults():
@@ -83,3 +93,44 @@ def test_demo_serves_its_metrics_while_it_runs():
 def test_metrics_port_must_be_a_port():
     out = demo("--metrics-port", "70000")
     assert out.returncode == 2 and "--metrics-port" in out.stderr
+
+
+def test_top_level_help_lists_every_command_and_imports_nothing_heavy():
+    # What --help loads beyond the package itself (which every command imports).
+    code = ("import sys, fastdispatch; before = set(sys.modules); "
+            "from fastdispatch.__main__ import main; main(['--help']); "
+            "print('HEAVY', sorted(m for m in set(sys.modules) - before "
+            "if m != 'fastdispatch.__main__'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
+    commands = out.stdout.split("commands:")[1]
+    for command in ("demo", "bench", "cluster", "testing"):
+        assert "\n  %s " % command in commands, command
+    for command in ("cluster", "testing"):      # and each one runs from there
+        sub = subprocess.run([sys.executable, "-m", "fastdispatch", command, "--help"],
+                             capture_output=True, text=True, timeout=60)
+        assert sub.returncode == 0 and "usage: python -m fastdispatch." + command in sub.stdout
+
+
+def test_cluster_demo_without_the_extra_prints_the_hint_not_a_traceback():
+    # As on a machine without the cluster extra: its Python packages and
+    # servers are not found (find_spec and find_executable say so).
+    code = """
+import importlib.util, sys
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name in ("nats", "redis") else real(name, *a)
+from fastdispatch.cluster import _servers
+def nowhere(name, hint, packaged=None):
+    raise _servers.ServerNotFound(name + " not found")
+_servers.find_executable = nowhere
+from fastdispatch.cluster.__main__ import main
+sys.exit(main(["demo"]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) <= 3, out.stderr
+    assert "nats-py, redis, nats-server and redis-server" in out.stderr
+    assert "pip install 'fastdispatch[cluster]'" in out.stderr

@@ -93,3 +93,59 @@ def test_dev_script_compiles_only_when_the_sources_changed(tmp_path):
     fifth = _dev(checkout, "demo", "--help")
     assert "building fastdispatch" in fifth and "sources changed" in fifth
     assert "compiling the C core" in fifth
+
+
+def _interpreter_other_than(python):
+    """Another CPython of this machine (3.9 to 3.13), or None."""
+    mine = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"],
+                          capture_output=True, text=True).stdout
+    import glob
+    candidates = [shutil.which("python3.%d" % minor) for minor in (12, 11, 13, 10, 9)]
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3.*[0-9]")))
+    for other in candidates:
+        if other and subprocess.run(
+                [other, "-c", "import sys; print(sys.version_info[:2])"],
+                capture_output=True, text=True).stdout not in ("", mine):
+            return other
+    return None
+
+
+def test_dev_script_honours_python_once_a_venv_exists(tmp_path):
+    # .venv made with one interpreter, then PYTHON names another: the script
+    # uses (and makes) a venv of that interpreter, .venv-X.Y, and says so; an
+    # explicit VENV of another interpreter is made again, saying so.
+    if not os.path.exists(os.path.join(ROOT, "tools", "dev.sh")) or shutil.which("bash") is None:
+        pytest.skip("needs the source checkout and bash")
+    other = _interpreter_other_than(sys.executable)
+    if other is None:
+        pytest.skip("needs a second CPython on PATH (python3.9 ... python3.13)")
+    checkout = tmp_path / "checkout"
+    (checkout / "tools").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "tools", "dev.sh"), checkout / "tools" / "dev.sh")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(checkout / ".venv")],
+                   check=True)
+    # PIP_NO_INDEX: the venv's own pip stays (no download to upgrade it).
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INDEX="1")
+    env.pop("VENV", None)
+
+    def run(**extra):
+        proc = subprocess.run(["bash", "tools/dev.sh", "venv"], cwd=str(checkout),
+                              env=dict(env, **extra), capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        version = subprocess.run([os.path.join(str(checkout), proc.stdout.strip()), "-c",
+                                  "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        return proc, version
+
+    other_version = subprocess.run([other, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    proc, version = run(PYTHON=other)
+    assert version == other_version
+    assert proc.stdout.strip().startswith(".venv-%s/" % other_version)
+    assert "uses .venv-%s" % other_version in proc.stderr and "VENV=" in proc.stderr
+    proc, version = run(PYTHON=sys.executable)          # .venv's own: .venv itself
+    assert proc.stdout.strip().startswith(".venv/")
+    proc, version = run(PYTHON=other, VENV=".venv")      # asked for by name: made again
+    assert version == other_version and proc.stdout.strip().startswith(".venv/")
+    assert "making .venv again" in proc.stderr

@@ -132,7 +132,7 @@ def test_the_index_page_links_each_file_at_this_versions_tag(dist):
     for meta in (pkg_info, metadata):
         assert meta["Description-Content-Type"] == "text/markdown"
         description = meta.get_payload()
-        assert "## Quickstart" in description
+        assert "## In 30 seconds" in description and "pip install fastdispatch" in description
         _index_links(description)
 
 

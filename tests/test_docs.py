@@ -76,7 +76,9 @@ def test_every_skipped_block_says_why():
             text = f.read()
         for match in SKIP.finditer(text):
             action, reason = match.group(1), match.group(2).strip()
-            if action in ("next", "start") and not re.fullmatch(r'"[^"]+"', reason):
+            # "why", or a condition with its reason: if(cond, reason="why")
+            if action in ("next", "start") and not re.fullmatch(
+                    r'"[^"]+"|if\(.+,\s*reason="[^"]+"\)', reason):
                 bare.append("%s:%d: %s" % (os.path.relpath(page, ROOT),
                                            text.count("\n", 0, match.start()) + 1,
                                            match.group(0)))
@@ -135,3 +137,72 @@ def test_a_page_added_to_docs_is_run_and_a_broken_block_fails(tmp_path):
     assert "1 failed, 2 passed, 1 skipped" in out, out
     assert "docs/new.md:15: AssertionError" in out and "the page is wrong" in out, out
     assert "a sketch" in out, out
+
+
+# The extra a module of the package needs beyond fastdispatch itself.
+EXTRA_OF = {"fastdispatch.telegram": "telegram", "fastdispatch.discord": "discord",
+            "fastdispatch.cluster": "cluster", "fastdispatch.metrics": "prometheus"}
+PY_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```", re.M | re.S)
+
+
+def test_a_page_says_which_extra_its_first_example_needs_before_showing_it():
+    # A reader copies the first example of a page: the page says beforehand
+    # which extra that example needs (e.g. pip install 'fastdispatch[telegram]').
+    missing = []
+    for page in _pages():
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for module, extra in EXTRA_OF.items():
+            uses = re.compile(r"^\s*(from %s\b|import %s\b)" % (re.escape(module),
+                                                                 re.escape(module)), re.M)
+            first = next((m for m in PY_BLOCK.finditer(text) if uses.search(m.group(1))), None)
+            if first is not None and "[%s" % extra not in text[:first.start()] \
+                    and ",%s" % extra not in text[:first.start()]:
+                missing.append("%s: %s (needs [%s])" % (os.path.basename(page), module, extra))
+    assert not missing, missing
+
+
+def test_examples_are_plain_code():
+    # What a reader copies must read as code a person writes: no dead
+    # branches, no inline __import__.
+    tricks = re.compile(r"if False else|__import__\(")
+    found = ["%s: %s" % (os.path.basename(page), m.group(0))
+             for page in _pages() for m in tricks.finditer(open(page, encoding="utf-8").read())]
+    assert not found, found
+
+
+def test_the_api_reference_builds_without_a_warning(tmp_path):
+    # docs/api: Sphinx autodoc over the installed package, as Read the Docs
+    # and the GitHub workflow build it; a docstring that does not parse, a
+    # duplicate entry, a page left out of the contents all fail here.
+    _needs_checkout()
+    proc = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+         "-d", str(tmp_path / "doctrees"), os.path.join(ROOT, "docs", "api"),
+         str(tmp_path / "html")],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    with open(tmp_path / "html" / "dispatcher.html", encoding="utf-8") as f:
+        page = f.read()
+    for name in ("OutboundDispatcher.submit", "OutboundDispatcher.post",
+                 "OutboundDispatcher.shutdown", "SendContext", "RetryAfter"):
+        assert 'id="fastdispatch.%s"' % name in page, name
+
+
+def test_the_readme_is_a_page_for_users_first():
+    # The README is the package index's page: what it is and how to install
+    # it come before how to develop it; the two development commands and
+    # CI's use of the test command stay exactly as they are.
+    _needs_checkout()
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    install = text.index("pip install fastdispatch")
+    assert install < text.index("tools/dev.sh") and install < text.index("```python")
+    for command in ("bash tools/dev.sh demo", "bash tools/dev.sh test"):
+        assert re.search(r"^%s\b" % re.escape(command), text, re.M), command
+    assert "docs/bots.md" in text and "docs/api/index.rst" in text
+    assert "on both cores" not in text     # read as two CPU cores: say what it means
+    assert "VENV=" in text and "PYTHON=" in text and "minutes" in text.split("bash tools/dev.sh test")[1][:200]
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read()
+    assert re.search(r"^bash tools/dev.sh test$", ci, re.M)

@@ -444,7 +444,7 @@ def test_each_chats_replies_arrive_in_the_order_made_and_never_two_at_once(
     # No fixed bound on time: with every chat's reply in flight at once, a
     # send's time includes its wait for one of the library's connections,
     # and a loaded machine stretches the whole run past any such bound
-    # (free-threaded 3.13 most: docs/performance.md, "on a loaded machine").
+    # (free-threaded 3.13 most: bench/notes/freethreading.md, "on a loaded machine").
     # No send_timeout, and the wait for the replies fails only when they
     # stop coming: a send that never ends still fails the test.
     library(lib)

