@@ -341,6 +341,7 @@ def run_flood(kind, speedup=10.0, seed=0, order=None, timeout=None, margin=None)
         "ideal": ideal,
         "group first, last": (min(group, default=0.0), max(group, default=0.0)),
         "private last": max(private, default=0.0),
+        "group arrivals": sorted(group),
         "errors": result["errors"],
     }
 
