@@ -813,3 +813,82 @@ def test_cancelling_the_caller_after_a_retry_cancels_the_running_attempt(
     assert d.drain(timeout=5)
     s = d.stats()
     assert s.cancelled == 1 and s.retried == 1
+
+
+# ------------------------------------------------------------- ashutdown
+
+def test_ashutdown_drains_on_the_loop_its_coroutine_tasks_need(make_dispatcher, caplog):
+    d = make_dispatcher(max_inflight=8)
+    sent = []
+    ticks = []
+    before = []
+
+    async def main():
+        async def send(sc):
+            await asyncio.sleep(0.005)
+            sent.append(sc.chat_id)
+
+        async def ticker():
+            while True:
+                ticks.append(1)
+                await asyncio.sleep(0.001)
+
+        tick = asyncio.ensure_future(ticker())
+        calls = [asyncio.ensure_future(d.asubmit(i % 5, send)) for i in range(100)]
+        for i in range(20):
+            d.post(i % 3, lambda sc: sent.append("thread"))
+        await asyncio.sleep(0)
+        before.append(d.stats().completed)
+        with caplog.at_level("INFO", logger="fastdispatch"):
+            done = await d.ashutdown(10)
+        tick.cancel()
+        await asyncio.gather(*calls)
+        return done
+
+    assert asyncio.run(main()) is True
+    assert len(sent) == 120 and ticks   # the loop kept running meanwhile
+    s = d.stats()
+    assert s.completed == 120 and s.threads == 0 and d.closed
+    expected = "ashutdown: %d task(s) sent and 0 failed" % (120 - before[0])
+    assert any(expected in r.getMessage() for r in caplog.records)
+    with pytest.raises(DispatcherClosed):
+        d.post(1, lambda sc: None)
+
+
+def test_ashutdown_says_what_was_left_when_its_timeout_passes(make_dispatcher, caplog):
+    d = make_dispatcher()
+    release = []
+
+    async def main():
+        gate = asyncio.Event()
+        release.append(gate)
+
+        async def stuck(sc):
+            await gate.wait()
+
+        calls = [asyncio.ensure_future(d.asubmit("c", stuck)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        with caplog.at_level("INFO", logger="fastdispatch"):
+            done = await d.ashutdown(0.05)
+        gate.set()
+        await asyncio.gather(*calls)
+        return done
+
+    assert asyncio.run(main()) is False
+    warnings_ = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("3 task(s) not done (1 running, in 1 chat(s))" in m for m in warnings_), warnings_
+    assert d.shutdown(5)
+
+
+def test_ashutdown_refuses_to_wait_for_itself(make_dispatcher):
+    d = make_dispatcher()
+
+    async def main():
+        async def task(sc):
+            with pytest.raises(RuntimeError, match="wait for itself"):
+                await d.ashutdown(1)
+            return "ok"
+        return await d.asubmit("c", task)
+
+    assert asyncio.run(main()) == "ok"
+    assert not d.closed

@@ -10,6 +10,7 @@ rule above on both cores.  ``docs/dispatcher.md`` ("Hostile user code")
 states the resulting behaviour.
 """
 
+import asyncio
 import concurrent.futures
 import gc
 import logging
@@ -867,3 +868,61 @@ def test_a_future_seen_done_is_already_counted(make_dispatcher):
         concurrent.futures.wait([fut], timeout=5)
     assert d.drain(5)
     assert seen == [1, 1, 1]
+
+
+# ------------------------------------------------ mistakes named in the user's terms
+
+def test_wrong_constructor_arguments_name_the_class_and_the_argument(impl):
+    with pytest.raises(TypeError) as caught:
+        impl.OutboundDispatcher(8)
+    message = str(caught.value)
+    assert "OutboundDispatcher()" in message and "keyword arguments only" in message
+    assert "_Lifecycle" not in message and "max_inflight=8" in message
+    with pytest.raises(TypeError) as caught:
+        impl.OutboundDispatcher(max_inflght=3)
+    message = str(caught.value)
+    assert "OutboundDispatcher()" in message and "'max_inflght'" in message
+    assert "did you mean 'max_inflight'" in message and "_Lifecycle" not in message
+
+    class Mine(impl.OutboundDispatcher):   # a subclass is named by its own name
+        pass
+    with pytest.raises(TypeError, match=r"^Mine\(\) got an unexpected keyword argument 'nope'"):
+        Mine(nope=1)
+
+
+def test_asubmit_outside_a_running_loop_says_how_to_call_it(make_dispatcher):
+    d = make_dispatcher()
+    coro = d.asubmit(1, lambda sc: None)
+    with pytest.raises(RuntimeError, match="coroutine running on an event loop"):
+        coro.send(None)
+    coro.close()
+    assert d.stats().submitted == 0
+
+
+def test_a_task_that_takes_no_send_context_is_told_what_it_receives(make_dispatcher):
+    d = make_dispatcher()
+
+    def takes_nothing():
+        return 1
+
+    def raises_its_own_type_error(sc):
+        return int("x", base=sc)   # a TypeError of the task's own code
+
+    for task in (lambda: 1, takes_nothing, lambda sc, extra: 1):
+        error = d.submit(42, task).exception(10)
+        assert isinstance(error, TypeError)
+        assert "a task receives one argument, the SendContext" in str(error), error
+        assert "chat 42" in str(error) and isinstance(error.__cause__, TypeError)
+    own = d.submit(42, raises_its_own_type_error).exception(10)
+    assert isinstance(own, TypeError) and "SendContext of its send" not in str(own)
+
+    async def main():
+        async def coro_without_sc():
+            return 1
+        with pytest.raises(TypeError, match="a task receives one argument"):
+            await d.asubmit(7, coro_without_sc)
+
+    asyncio.run(main())
+    assert d.drain(10)
+    s = d.stats()
+    assert s.failed == 5 and s.submitted == s.failed

@@ -16,7 +16,10 @@ work, wakes the idle workers so that they exit at once, and joins every thread
 it started, the deadline thread included.
 """
 
+import difflib
+import inspect
 import itertools
+import logging
 import math
 import numbers
 import sys
@@ -27,6 +30,8 @@ from ._types import DispatcherHooks, DispatcherStats
 from .pacing import Pacing, RetryPolicy
 
 __all__ = ["build_dispatcher_class"]
+
+logger = logging.getLogger("fastdispatch")
 
 _HOOK_NAMES = ("on_queued", "on_start", "on_done", "on_rejected", "on_retry")
 
@@ -111,6 +116,9 @@ class _Lifecycle:
         self._worker_seq = itertools.count(1)
         self._timer_thread = None
         self._drained = threading.Condition(threading.Lock())
+        # ashutdown()'s waits: (loop, Future) pairs, woken with the drain
+        # waiters (under _drained's lock).
+        self._async_drained = []
 
     # Called by the core -------------------------------------------------------
 
@@ -152,6 +160,12 @@ class _Lifecycle:
     def _notify_drained(self):
         with self._drained:
             self._drained.notify_all()
+            woken, self._async_drained = self._async_drained, []
+        for loop, future in woken:
+            try:
+                loop.call_soon_threadsafe(_set_drained, future)
+            except RuntimeError:
+                pass  # its loop is closed: nobody awaits it any more
 
     # Public lifecycle ---------------------------------------------------------
 
@@ -202,6 +216,85 @@ class _Lifecycle:
                 return False
         return True
 
+    async def ashutdown(self, timeout=None):
+        """``shutdown()`` for asyncio code: never blocks the event loop.
+
+        ``close()``, then wait (awaiting, so that this loop goes on running
+        the dispatcher's coroutine tasks meanwhile) until the work is done,
+        then end every thread.  Logs at INFO what was sent and what failed
+        since it began, and at WARNING what was left if ``timeout`` seconds
+        passed first.  Returns True once the work is done and no thread of
+        this dispatcher is left, else False (the dispatcher stays closed and
+        the remaining work goes on).  Must not be awaited from inside a task
+        of the same dispatcher.
+        """
+        import asyncio
+
+        self._refuse_from_worker("ashutdown", on_loop_ok=True)
+        if self.running_chat() is not None:
+            raise RuntimeError("ashutdown() awaited from inside a task of the same "
+                               "dispatcher would wait for itself")
+        timeout = _check_seconds("timeout", timeout, allow_none=True, allow_zero=True)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else monotonic() + timeout
+        before = self.stats()
+        self.close()
+        done = await self._await_drained(loop, deadline)
+        if done:
+            self._stop_workers()
+            threads = list(self._workers)
+            if self._timer_thread is not None:
+                threads.append(self._timer_thread)
+            for thread in threads:
+                # Idle threads end within a moment of being woken: look
+                # again between turns of the loop instead of joining.
+                while thread.is_alive() and (deadline is None or monotonic() < deadline):
+                    await asyncio.sleep(0.001)
+                if thread.is_alive():
+                    done = False
+                    break
+        self._log_shutdown(before, done, timeout)
+        return done
+
+    async def _await_drained(self, loop, deadline):
+        import asyncio
+
+        mine = set()
+        self._add_drain_waiter(1)
+        try:
+            while True:
+                future = loop.create_future()
+                mine.add(future)
+                with self._drained:
+                    self._async_drained.append((loop, future))
+                if self._is_idle():
+                    return True
+                remaining = None if deadline is None else deadline - monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(future, remaining)
+                except asyncio.TimeoutError:
+                    return self._is_idle()
+        finally:
+            with self._drained:
+                self._async_drained = [p for p in self._async_drained if p[1] not in mine]
+            self._add_drain_waiter(-1)
+
+    def _log_shutdown(self, before, done, timeout):
+        after = self.stats()
+        sent = after.completed - before.completed
+        failed = ((after.failed - before.failed) + (after.timed_out - before.timed_out)
+                  + (after.discarded - before.discarded) + (after.cancelled - before.cancelled))
+        logger.info("ashutdown: %d task(s) sent and %d failed, timed out, discarded or "
+                    "cancelled since it began", sent, failed)
+        if not done:
+            left = after.submitted - (after.completed + after.failed + after.discarded
+                                      + after.cancelled + after.timed_out)
+            logger.warning("ashutdown: %gs passed with %d task(s) not done (%d running, in "
+                           "%d chat(s)) and %d caller(s) waiting for room; they go on",
+                           timeout, left, after.inflight, after.active_chats, after.waiting)
+
     def force_close(self):
         """Close; cancel every running and waiting task; return at once.
 
@@ -220,17 +313,17 @@ class _Lifecycle:
         """A :class:`DispatcherStats` snapshot of the counters."""
         return DispatcherStats(*self._counters())
 
-    def _refuse_from_worker(self, what):
+    def _refuse_from_worker(self, what, on_loop_ok=False):
         if threading.current_thread() in self._workers:
             raise RuntimeError("%s() called from inside a task of the same "
                                "dispatcher would wait for itself" % what)
-        if self._uses_loops():
+        if not on_loop_ok and self._uses_loops():
             asyncio = sys.modules.get("asyncio")
             if asyncio is not None and asyncio._get_running_loop() is not None:
                 raise RuntimeError(
                     "%s() called on a running event loop would block the loop that "
-                    "coroutine tasks run on; call it from another thread, e.g. "
-                    "await loop.run_in_executor(None, dispatcher.%s)" % (what, what))
+                    "coroutine tasks run on: await dispatcher.ashutdown(timeout) "
+                    "instead, or call it from another thread" % (what,))
 
     def __enter__(self):
         return self
@@ -244,17 +337,33 @@ class _Lifecycle:
             self.active_chats, self.inflight)
 
 
+def _set_drained(future):
+    if not future.done():
+        future.set_result(True)
+
+
 # What Cython adds to an extension type for its own use; help() and dir()
 # of the dispatcher class leave it out.
 _CYTHON_NAMES = frozenset(("__pyx_vtable__", "__reduce_cython__", "__setstate_cython__"))
 
 
 class _DispatcherType(type):
-    """The dispatcher's metaclass: only ``__dir__``, so that ``help()`` shows the API.
+    """The dispatcher's metaclass: ``__dir__``, so that ``help()`` shows the API,
+    and ``__call__``, so that a wrong argument is named in the class's terms.
 
-    pydoc lists what ``dir(cls)`` returns.  Instances are untouched: attribute
-    lookups and calls on a dispatcher do not go through the metaclass.
+    pydoc lists what ``dir(cls)`` returns.  Python's own TypeError for
+    ``OutboundDispatcher(8)`` or a misspelt keyword names the method that
+    defines the parameters (``_Lifecycle.__init__``), an internal class;
+    ``__call__`` says it of ``OutboundDispatcher`` and the argument instead,
+    before the instance is made.  Instances are untouched: attribute lookups
+    and calls on a dispatcher do not go through the metaclass.
     """
+
+    def __call__(cls, *args, **kwargs):
+        if cls.__init__ is _Lifecycle.__init__ and (
+                args or not _INIT_PARAMETERS.issuperset(kwargs)):
+            _refuse_arguments(cls.__name__, args, kwargs)
+        return type.__call__(cls, *args, **kwargs)
 
     def __dir__(cls):
         names = []
@@ -266,6 +375,30 @@ class _DispatcherType(type):
                 continue   # __reduce__ = __reduce_cython__: Cython's pickling refusal
             names.append(name)
         return names
+
+
+_INIT_PARAMETERS = frozenset(
+    name for name in inspect.signature(_Lifecycle.__init__).parameters if name != "self")
+
+
+def _refuse_arguments(name, args, kwargs):
+    if args:
+        raise TypeError(
+            "%s() takes keyword arguments only, got %d positional argument%s (%s); "
+            "e.g. %s(max_inflight=%s)" % (
+                name, len(args), "" if len(args) == 1 else "s",
+                ", ".join(_safe_arg(a) for a in args), name, _safe_arg(args[0])))
+    for key in kwargs:
+        if key not in _INIT_PARAMETERS:
+            close = difflib.get_close_matches(key, sorted(_INIT_PARAMETERS), 1)
+            raise TypeError("%s() got an unexpected keyword argument %r%s" % (
+                name, key, "; did you mean %r?" % close[0] if close else
+                " (it takes %s)" % ", ".join(sorted(_INIT_PARAMETERS))))
+
+
+def _safe_arg(value):
+    from ._errors import _safe_repr
+    return _safe_repr(value)
 
 
 def build_dispatcher_class(core):
