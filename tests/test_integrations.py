@@ -883,14 +883,14 @@ def test_ptb_limiter_shutdown_drains_to_a_deadline_and_says_what_was_left(caplog
     library("ptb")
     from fastdispatch.integrations.ptb import DispatcherRateLimiter
 
-    caplog.set_level("INFO", logger="fastdispatch.integrations")
+    caplog.set_level("INFO", logger="fastdispatch")
     with FakeTelegramServer() as server:
         limiter = DispatcherRateLimiter(pacing=Pacing(chat_limit=RateLimit(1, per=0.02)))
         c = PTBClient(server, limiter=limiter)
         sends = [c.send_later(6, "m%d" % i) for i in range(5)]
         c.close()                               # drains: every queued send goes out
         assert [f.result(10).text for f in sends] == ["m%d" % i for i in range(5)]
-        assert "none left" in caplog.text
+        assert "WARNING" not in caplog.text and "task(s) sent" in caplog.text
         caplog.clear()
         limiter = DispatcherRateLimiter(pacing=Pacing(chat_limit=RateLimit(1, per=60)),
                                         shutdown_timeout=0.2)
@@ -899,7 +899,7 @@ def test_ptb_limiter_shutdown_drains_to_a_deadline_and_says_what_was_left(caplog
         d = limiter.dispatcher
         wait_until(lambda: d.stats().submitted >= 4, what="3 sends queued")
         c.close()                               # 0.2 s: one is sent, two are left, and said
-        assert "2 left" in caplog.text
+        assert "with 2 task(s) not done" in caplog.text
         assert texts_of(server, 7) == ["n0"]
         d.force_close()
 
@@ -913,7 +913,7 @@ def test_aiogram_middleware_without_a_dispatcher_owns_one_and_drains_it_with_the
 
     from fastdispatch.integrations.aiogram import DispatcherMiddleware
 
-    caplog.set_level("INFO", logger="fastdispatch.integrations")
+    caplog.set_level("INFO", logger="fastdispatch")
     lt = LoopThread()
     try:
         with FakeTelegramServer() as server:
@@ -933,7 +933,7 @@ def test_aiogram_middleware_without_a_dispatcher_owns_one_and_drains_it_with_the
 
             assert lt.run(run(), timeout=60) == ["m%d" % i for i in range(6)]
             assert texts_of(server, 11) == ["m%d" % i for i in range(6)]
-            assert d.closed and "none left" in caplog.text
+            assert d.closed and "task(s) sent" in caplog.text
     finally:
         lt.close()
     with pytest.raises(TypeError, match="pacing"):
@@ -941,7 +941,8 @@ def test_aiogram_middleware_without_a_dispatcher_owns_one_and_drains_it_with_the
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
-def test_telebot_run_polling_stops_on_a_signal_without_losing_a_reply(signum, monkeypatch):
+def test_telebot_run_polling_stops_on_a_signal_without_losing_a_reply(signum, monkeypatch,
+                                                                     caplog):
     # TeleBot's two workers and a slow chat: when the signal comes, most
     # updates are still in TeleBot's own worker queue or the dispatcher.
     library("telebot")
@@ -952,6 +953,7 @@ def test_telebot_run_polling_stops_on_a_signal_without_losing_a_reply(signum, mo
 
     from fastdispatch.integrations.telebot import DispatcherRequestSender, run_polling
 
+    caplog.set_level("INFO", logger="fastdispatch.integrations")
     with FakeTelegramServer() as server:
         monkeypatch.setattr(apihelper, "API_URL", server.base_url + "/bot{0}/{1}")
         sender = DispatcherRequestSender(pacing=Pacing(chat_limit=RateLimit(1, per=0.05)))
@@ -977,4 +979,4 @@ def test_telebot_run_polling_stops_on_a_signal_without_losing_a_reply(signum, mo
         for chat in (21, 22, 23):
             assert sorted(texts_of(server, chat)) == sorted("r:m%d" % n for n in range(8))
         assert server.pending_updates() == 0          # confirmed: a restart gets none again
-        assert sender.dispatcher.closed
+        assert sender.dispatcher.closed and "none left" in caplog.text

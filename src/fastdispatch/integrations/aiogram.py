@@ -145,7 +145,9 @@ class DispatcherMiddleware(BaseRequestMiddleware):
             if pending:
                 logger.warning("%d handlers still running after %s s", len(pending), timeout)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return await astop_and_report(self._dispatcher, left, shut_down=self._owned)
+        if self._owned:
+            return await self._dispatcher.ashutdown(left)
+        return await astop_and_report(self._dispatcher, left, shut_down=False)
 
     async def __call__(self, make_request: Any, bot: Any, method: Any) -> Any:
         name = getattr(method, "__api_method__", "") or ""

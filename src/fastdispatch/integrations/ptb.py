@@ -56,8 +56,8 @@ from telegram.ext import BaseRateLimiter
 
 from .._errors import RetryAfter
 from ..pacing import _TELEGRAM_MARGIN, Pacing, RateLimit, RetryPolicy
-from ._common import (DEFAULT, UNPACED_METHODS, astop_and_report, chat_key, check_dispatcher,
-                      is_own_send, make_dispatcher, no_chat_key, retry_after)
+from ._common import (DEFAULT, UNPACED_METHODS, chat_key, check_dispatcher, is_own_send,
+                      make_dispatcher, no_chat_key, retry_after)
 
 __all__ = ["DispatcherRateLimiter"]
 
@@ -193,7 +193,7 @@ class DispatcherRateLimiter(BaseRateLimiter[Dict[str, Any]]):
         d = self._dispatcher
         if not self._owned or d is None:
             return
-        await astop_and_report(d, self.shutdown_timeout, shut_down=True)
+        await d.ashutdown(self.shutdown_timeout)
         if self._dispatcher is d:
             self._dispatcher = None
 

@@ -277,8 +277,10 @@ def run_polling(bot: Any, sender: Optional[DispatcherRequestSender] = None, *,
 def _confirm_updates(bot):
     # Telegram forgets updates below the offset of a getUpdates: without
     # it, a restart would be handed the last batch again and answer twice.
+    # (pyTelegramBotAPI drops a long poll of 0 for its default of 20 s: 1 s
+    # is the shortest it sends; a request timeout of 5 s covers it.)
     try:
-        bot.get_updates(offset=bot.last_update_id + 1, limit=1, timeout=0,
-                        long_polling_timeout=0)
+        bot.get_updates(offset=bot.last_update_id + 1, limit=1, timeout=5,
+                        long_polling_timeout=1)
     except Exception as exc:  # noqa: BLE001 - the bot stops anyway; said
         logger.warning("could not confirm the handled updates: %r", exc)
