@@ -126,7 +126,7 @@ def test_dispatcher_rejects_bad_pacing_and_retry(impl):
 
 def test_telegram_preset_limits_groups_privately_and_bot_wide():
     p = Pacing.telegram(margin=0)
-    assert p.global_limit == RateLimit(30, per=1.0)
+    assert p.global_limit == RateLimit(15, per=0.5)         # 30/s, in halves
     assert p.chat_limit == RateLimit(1, per=1.0)
     group = RateLimit(20, per=60.0)
     assert p.limit_for(-1001234) == group and p.limit_for("-42") == group
