@@ -14,9 +14,9 @@ import math
 
 from .._errors import RetryAfter
 
-__all__ = ["DEFAULT", "UNPACED_METHODS", "chat_key", "check_dispatcher", "is_own_send",
-           "make_dispatcher", "no_chat_key", "retry_after", "seconds_of", "stop_and_report",
-           "astop_and_report"]
+__all__ = ["DEFAULT", "UNPACED_METHODS", "astop_and_report", "chat_key", "check_dispatcher",
+           "check_timeout", "is_own_send", "make_dispatcher", "no_chat_key", "retry_after",
+           "seconds_of", "stop_and_report"]
 
 logger = logging.getLogger("fastdispatch.integrations")
 
@@ -110,6 +110,15 @@ def check_dispatcher(dispatcher, method, pacing=DEFAULT, retry=DEFAULT):
         raise TypeError("dispatcher must be an OutboundDispatcher, got %r"
                         % (type(dispatcher).__name__,))
     return dispatcher
+
+
+def check_timeout(name, value):
+    """A plug-in's ``shutdown_timeout``: seconds >= 0, or None (no limit)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 <= value < math.inf):
+        raise ValueError("%s must be a non-negative number of seconds or None, got %r"
+                         % (name, value))
+    return value
 
 
 def make_dispatcher(pacing=DEFAULT, retry=DEFAULT):

@@ -55,7 +55,7 @@ from aiogram.exceptions import TelegramRetryAfter
 
 from .._errors import RetryAfter
 from ._common import (DEFAULT, UNPACED_METHODS, astop_and_report, chat_key, check_dispatcher,
-                      is_own_send, make_dispatcher, no_chat_key, retry_after)
+                      check_timeout, is_own_send, make_dispatcher, no_chat_key, retry_after)
 
 __all__ = ["DispatcherMiddleware"]
 
@@ -86,12 +86,7 @@ class DispatcherMiddleware(BaseRequestMiddleware):
         self._pacing, self._retry = pacing, retry
         if self._owned:
             self._dispatcher = make_dispatcher(pacing, retry)
-        if shutdown_timeout is not None and (
-                isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float))
-                or not 0 <= shutdown_timeout < float("inf")):
-            raise ValueError("shutdown_timeout must be a non-negative number of seconds or "
-                             "None, got %r" % (shutdown_timeout,))
-        self.shutdown_timeout = shutdown_timeout
+        self.shutdown_timeout = check_timeout("shutdown_timeout", shutdown_timeout)
         self._sessions: dict = {}  # id(session) -> session: open sessions this one drains
 
     @property

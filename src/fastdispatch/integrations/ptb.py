@@ -56,8 +56,8 @@ from telegram.ext import BaseRateLimiter
 
 from .._errors import RetryAfter
 from ..pacing import _TELEGRAM_MARGIN, Pacing, RateLimit, RetryPolicy
-from ._common import (DEFAULT, UNPACED_METHODS, chat_key, check_dispatcher, is_own_send,
-                      make_dispatcher, no_chat_key, retry_after)
+from ._common import (DEFAULT, UNPACED_METHODS, chat_key, check_dispatcher, check_timeout,
+                      is_own_send, make_dispatcher, no_chat_key, retry_after)
 
 __all__ = ["DispatcherRateLimiter"]
 
@@ -155,11 +155,7 @@ class DispatcherRateLimiter(BaseRateLimiter[Dict[str, Any]]):
                     max_retries < 0):
                 raise ValueError("max_retries must be an int >= 0, got %r" % (max_retries,))
             retry = RetryPolicy(max_attempts=max_retries + 1)
-        if shutdown_timeout is not None and (
-                isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float))
-                or not 0 <= shutdown_timeout < float("inf")):
-            raise ValueError("shutdown_timeout must be a non-negative number of seconds or "
-                             "None, got %r" % (shutdown_timeout,))
+        shutdown_timeout = check_timeout("shutdown_timeout", shutdown_timeout)
         self._dispatcher = check_dispatcher(dispatcher, "asubmit", pacing, retry)
         self._owned = dispatcher is None
         self._pacing, self._retry = pacing, retry

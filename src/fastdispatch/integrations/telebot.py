@@ -68,8 +68,8 @@ from typing import Any, Callable, Optional
 
 from .._errors import Cancelled, RetryAfter
 from .._signals import SignalRelay
-from ._common import (DEFAULT, UNPACED_METHODS, chat_key, check_dispatcher, is_own_send,
-                      make_dispatcher, no_chat_key, retry_after, stop_and_report)
+from ._common import (DEFAULT, UNPACED_METHODS, chat_key, check_dispatcher, check_timeout,
+                      is_own_send, make_dispatcher, no_chat_key, retry_after, stop_and_report)
 
 __all__ = ["DispatcherRequestSender", "run_polling"]
 
@@ -186,6 +186,7 @@ class DispatcherRequestSender:
         then shut down the dispatcher this sender made (a given one is only
         drained); logs what was sent and what was left.  True if everything
         was sent in time."""
+        timeout = check_timeout("timeout", timeout)
         return stop_and_report(self.dispatcher, timeout, shut_down=self._owned)
 
 
@@ -240,6 +241,7 @@ def run_polling(bot: Any, sender: Optional[DispatcherRequestSender] = None, *,
     What was left, if anything, is logged.  True if nothing was.  Call it
     from the main thread (signal handlers are installed there only).
     """
+    shutdown_timeout = check_timeout("shutdown_timeout", shutdown_timeout)
     if sender is None:
         from telebot import apihelper
 
