@@ -1,4 +1,4 @@
-"""SPEC §8.1: the plug-ins of ``fastdispatch.integrations`` with the real
+"""The plug-ins of ``fastdispatch.integrations`` with the real
 libraries (python-telegram-bot, aiogram, pyTelegramBotAPI, from the
 ``test`` extra) pointed at ``FakeTelegramServer`` on 127.0.0.1.
 

@@ -1,6 +1,6 @@
 """aiogram 3: :class:`DispatcherMiddleware`, a session request middleware
 that sends every Bot API request through an
-:class:`~fastdispatch.OutboundDispatcher` (SPEC §8.1).
+:class:`~fastdispatch.OutboundDispatcher`.
 
 aiogram's documented extension point on the way out is the session's
 request middleware chain (``bot.session.middleware(m)``; aiogram's own

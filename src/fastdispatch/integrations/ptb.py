@@ -1,6 +1,6 @@
 """python-telegram-bot (>= 20): :class:`DispatcherRateLimiter`, a
 ``telegram.ext.BaseRateLimiter`` that sends every request through an
-:class:`~fastdispatch.OutboundDispatcher` (SPEC §8.1).
+:class:`~fastdispatch.OutboundDispatcher`.
 
 PTB's documented extension point for "when is a request sent" is the rate
 limiter: ``ExtBot._do_post`` hands every request but ``getUpdates`` to

@@ -1,7 +1,6 @@
 """pyTelegramBotAPI (the threaded ``TeleBot``): :class:`DispatcherRequestSender`,
 a request sender for ``telebot.apihelper.CUSTOM_REQUEST_SENDER`` that sends
-every Bot API request through an :class:`~fastdispatch.OutboundDispatcher`
-(SPEC §8.1).
+every Bot API request through an :class:`~fastdispatch.OutboundDispatcher`.
 
 pyTelegramBotAPI's documented hook on the way out is
 ``apihelper.CUSTOM_REQUEST_SENDER``: a callable used instead of
