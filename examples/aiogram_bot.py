@@ -9,6 +9,12 @@ own and the order still holds.
     pip install 'fastdispatch[aiogram]'
     TELEGRAM_BOT_TOKEN=123456:ABC... python examples/aiogram_bot.py   # a real bot
 
+``TELEGRAM_API_URL`` (e.g. ``http://127.0.0.1:8081``, a self-hosted Bot API
+server) replaces ``https://api.telegram.org``.  SIGTERM or Ctrl-C stop it
+without losing a reply: aiogram stops polling, the middleware's shutdown
+hook waits for the handlers still running, and the replies they queued
+are sent before the bot's session closes.
+
 Without ``TELEGRAM_BOT_TOKEN`` it runs against a local ``FakeTelegramServer``
 (127.0.0.1, no token needed): 20 simulated users send 5 messages each, one
 of them is told by the server to wait 2 s (a 429), and the script exits 0
@@ -22,7 +28,10 @@ import sys
 from aiogram import Bot, Dispatcher
 from aiogram.types import Message
 
-from fastdispatch import OutboundDispatcher, Pacing, RateLimit, RetryPolicy
+from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.telegram import TelegramAPIServer
+
+from fastdispatch import Pacing
 from fastdispatch.integrations.aiogram import DispatcherMiddleware
 
 router = Dispatcher()
@@ -33,35 +42,35 @@ async def echo(message: Message):
     await message.answer("echo: " + message.text)
 
 
-async def serve(bot, dispatcher, until=None):
-    bot.session.middleware(DispatcherMiddleware(dispatcher))
-    try:
-        if until is None:
-            await router.start_polling(bot)
-            return
-        polling = asyncio.ensure_future(router.start_polling(
-            bot, handle_signals=False, polling_timeout=1))
-        await until()
-        await router.stop_polling()
-        await polling
-    finally:
-        # The dispatcher waits for its queued sends, which run on this loop:
-        # shut it down from a thread while the loop goes on.
-        await asyncio.get_running_loop().run_in_executor(None, dispatcher.shutdown)
+def make_bot(token, api_url=None):
+    if not api_url:
+        return Bot(token)
+    return Bot(token, session=AiohttpSession(api=TelegramAPIServer.from_base(api_url)))
+
+
+async def serve(bot, middleware, until=None):
+    bot.session.middleware(middleware)
+    # Stopping: wait for the handlers still running, then (when the session
+    # closes) the middleware sends what they queued.
+    router.shutdown.register(middleware.ashutdown)
+    if until is None:
+        await router.start_polling(bot)          # until SIGTERM or Ctrl-C
+        return
+    polling = asyncio.ensure_future(router.start_polling(
+        bot, handle_signals=False, polling_timeout=1))
+    await until()
+    await router.stop_polling()
+    await polling
 
 
 def run_local():
-    from aiogram.client.session.aiohttp import AiohttpSession
-    from aiogram.client.telegram import TelegramAPIServer
-
     from fastdispatch.testing import FakeTelegramServer
 
     users, messages = range(1, 21), 5
     with FakeTelegramServer(latency=(0.0, 0.02), arrival_jitter=(0.0, 0.02)) as server:
         server.inject("too_many", chat_id=7, retry_after=2)
         # Telegram's limits scaled down 20x, so the demo takes seconds.
-        dispatcher = OutboundDispatcher(retry=RetryPolicy(), pacing=Pacing(
-            global_limit=RateLimit(600, per=1.0), chat_limit=RateLimit(1, per=0.05)))
+        middleware = DispatcherMiddleware(pacing=Pacing.telegram(speedup=20))
 
         async def all_answered():
             for n in range(messages):
@@ -73,9 +82,7 @@ def run_local():
                 await asyncio.sleep(0.05)
 
         async def main():
-            bot = Bot("123:fake", session=AiohttpSession(
-                api=TelegramAPIServer.from_base(server.base_url)))
-            await serve(bot, dispatcher, until=all_answered)
+            await serve(make_bot("123:fake", server.base_url), middleware, until=all_answered)
 
         asyncio.run(main())
         wanted = ["echo: message %d" % n for n in range(messages)]
@@ -90,7 +97,7 @@ def run_local():
 if __name__ == "__main__":
     token = os.environ.get("TELEGRAM_BOT_TOKEN")
     if token:
-        dispatcher = OutboundDispatcher(pacing=Pacing.telegram(), retry=RetryPolicy())
-        asyncio.run(serve(Bot(token), dispatcher))
+        asyncio.run(serve(make_bot(token, os.environ.get("TELEGRAM_API_URL")),
+                          DispatcherMiddleware()))
         sys.exit(0)
     sys.exit(run_local())

@@ -8,6 +8,11 @@ pauses only the chat it names.  PTB runs the handlers concurrently
     pip install 'fastdispatch[ptb]'
     TELEGRAM_BOT_TOKEN=123456:ABC... python examples/ptb_bot.py   # a real bot
 
+``TELEGRAM_API_URL`` (e.g. ``http://127.0.0.1:8081``, a self-hosted Bot API
+server) replaces ``https://api.telegram.org``.  SIGTERM or Ctrl-C stop it
+without losing a reply: PTB stops polling, finishes the handlers running,
+and the limiter sends what they queued before the process ends.
+
 Without ``TELEGRAM_BOT_TOKEN`` it runs against a local ``FakeTelegramServer``
 (127.0.0.1, no token needed): 20 simulated users send 5 messages each, one
 of them is told by the server to wait 2 s (a 429), and the script exits 0
@@ -20,7 +25,7 @@ import sys
 
 from telegram.ext import ApplicationBuilder, MessageHandler, filters
 
-from fastdispatch import Pacing, RateLimit, RetryPolicy
+from fastdispatch import Pacing
 from fastdispatch.integrations.ptb import DispatcherRateLimiter
 
 
@@ -28,12 +33,12 @@ async def echo(update, context):
     await context.bot.send_message(update.effective_chat.id, "echo: " + update.message.text)
 
 
-def build(token, base_url=None, pacing=None):
-    builder = (ApplicationBuilder().token(token).concurrent_updates(True)
-               .rate_limiter(DispatcherRateLimiter(pacing=pacing or Pacing.telegram(),
-                                                   retry=RetryPolicy())))
-    if base_url:
-        builder = builder.base_url(base_url)
+def build(token, api_url=None, pacing=None):
+    limiter = DispatcherRateLimiter() if pacing is None else DispatcherRateLimiter(pacing=pacing)
+    builder = ApplicationBuilder().token(token).concurrent_updates(True).rate_limiter(limiter)
+    if api_url:
+        builder = (builder.base_url(api_url.rstrip("/") + "/bot")
+                   .base_file_url(api_url.rstrip("/") + "/file/bot"))
     app = builder.build()
     app.add_handler(MessageHandler(filters.TEXT, echo))
     return app
@@ -46,8 +51,7 @@ def run_local():
     with FakeTelegramServer(latency=(0.0, 0.02), arrival_jitter=(0.0, 0.02)) as server:
         server.inject("too_many", chat_id=7, retry_after=2)
         # Telegram's limits scaled down 20x, so the demo takes seconds.
-        app = build("123:fake", server.base_url + "/bot", pacing=Pacing(
-            global_limit=RateLimit(600, per=1.0), chat_limit=RateLimit(1, per=0.05)))
+        app = build("123:fake", server.base_url, pacing=Pacing.telegram(speedup=20))
 
         async def main():
             async with app:              # initialize ... shutdown (the limiter's too)
@@ -76,6 +80,6 @@ def run_local():
 if __name__ == "__main__":
     token = os.environ.get("TELEGRAM_BOT_TOKEN")
     if token:
-        build(token).run_polling()
+        build(token, os.environ.get("TELEGRAM_API_URL")).run_polling()
         sys.exit(0)
     sys.exit(run_local())

@@ -11,6 +11,12 @@ were made.
     pip install 'fastdispatch[telebot]'
     TELEGRAM_BOT_TOKEN=123456:ABC... python examples/telebot_bot.py   # a real bot
 
+``TELEGRAM_API_URL`` (e.g. ``http://127.0.0.1:8081``, a self-hosted Bot API
+server) replaces ``https://api.telegram.org``.  ``run_polling`` stops it on
+SIGTERM or Ctrl-C without losing a reply: the updates already fetched are
+handled (TeleBot's own worker queue drained), their replies sent, and the
+handled updates confirmed to Telegram before the process ends.
+
 Without ``TELEGRAM_BOT_TOKEN`` it runs against a local ``FakeTelegramServer``
 (127.0.0.1, no token needed): 20 simulated users send 5 messages each, one
 of them is told by the server to wait 2 s (a 429), and the script exits 0
@@ -25,12 +31,12 @@ import time
 import telebot
 from telebot import apihelper
 
-from fastdispatch import OutboundDispatcher, Pacing, RateLimit, RetryPolicy
-from fastdispatch.integrations.telebot import DispatcherRequestSender
+from fastdispatch import Pacing
+from fastdispatch.integrations.telebot import DispatcherRequestSender, run_polling
 
 
-def build(token, dispatcher):
-    apihelper.CUSTOM_REQUEST_SENDER = DispatcherRequestSender(dispatcher)  # process-wide
+def build(token, sender):
+    apihelper.CUSTOM_REQUEST_SENDER = sender                 # process-wide
     bot = telebot.TeleBot(token, num_threads=16)
 
     @bot.message_handler(func=lambda message: True)
@@ -48,9 +54,8 @@ def run_local():
         server.inject("too_many", chat_id=7, retry_after=2)
         apihelper.API_URL = server.base_url + "/bot{0}/{1}"
         # Telegram's limits scaled down 20x, so the demo takes seconds.
-        dispatcher = OutboundDispatcher(retry=RetryPolicy(), pacing=Pacing(
-            global_limit=RateLimit(600, per=1.0), chat_limit=RateLimit(1, per=0.05)))
-        bot = build("123:fake", dispatcher)
+        sender = DispatcherRequestSender(pacing=Pacing.telegram(speedup=20))
+        bot = build("123:fake", sender)
         poller = threading.Thread(target=bot.infinity_polling, kwargs=dict(
             timeout=10, long_polling_timeout=1), daemon=True)
         poller.start()
@@ -63,7 +68,7 @@ def run_local():
             time.sleep(0.05)
         bot.stop_bot()
         poller.join(15)
-        dispatcher.shutdown()
+        sender.close()
         wanted = sorted("echo: message %d" % n for n in range(messages))
         all_there = all(sorted(m.text for m in server.messages(u)) == wanted for u in users)
         one_at_a_time = set(server.max_in_flight().values()) == {1}
@@ -76,8 +81,8 @@ def run_local():
 if __name__ == "__main__":
     token = os.environ.get("TELEGRAM_BOT_TOKEN")
     if token:
-        dispatcher = OutboundDispatcher(pacing=Pacing.telegram(), retry=RetryPolicy())
-        build(token, dispatcher).infinity_polling()
-        dispatcher.shutdown()
-        sys.exit(0)
+        api_url = os.environ.get("TELEGRAM_API_URL")
+        if api_url:
+            apihelper.API_URL = api_url.rstrip("/") + "/bot{0}/{1}"
+        sys.exit(0 if run_polling(build(token, DispatcherRequestSender())) else 1)
     sys.exit(run_local())

@@ -1,4 +1,4 @@
-"""SPEC §8.1: the plug-ins of ``fastdispatch.integrations`` with the real
+"""The plug-ins of ``fastdispatch.integrations`` with the real
 libraries (python-telegram-bot, aiogram, pyTelegramBotAPI, from the
 ``test`` extra) pointed at ``FakeTelegramServer`` on 127.0.0.1.
 
@@ -777,3 +777,206 @@ def test_the_example_bot_runs_against_the_fake_server_with_no_token(name, monkey
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.run_local() == 0
+
+
+# -- what real bots need of the plug-ins --------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Deprecated since version v22.2")
+def test_a_busy_chat_makes_requests_wait_for_room_never_fail(client, make_dispatcher):
+    # A chat queue of 2 and 20 requests for the chat at once: before, the
+    # third one raised QueueFull into the bot.
+    d = make_dispatcher(queue_size=2, pacing=Pacing(chat_limit=RateLimit(1, per=0.01)))
+    with FakeTelegramServer() as server:
+        c = client(server, d)
+        sends = [c.send_later(5, "m%d" % i) for i in range(20)]
+        for f in sends:
+            f.result(60)
+        assert sorted(texts_of(server, 5)) == sorted("m%d" % i for i in range(20))
+        assert server.max_in_flight() == {"5": 1}
+        assert d.stats().rejected == 0
+
+
+def _own_send_task(c, chat, text):
+    # A dispatcher task that makes the bot send to its own chat.
+    if c.name == "telebot":
+        return lambda sc: c.bot.send_message(chat, text).text
+
+    async def task(sc):
+        if c.name == "ptb":
+            return (await c.bot.send_message(chat, text)).text
+        return (await c.bot.send_message(chat_id=chat, text=text)).text
+    return task
+
+
+@pytest.mark.filterwarnings("ignore:Deprecated since version v22.2")
+def test_a_request_a_task_makes_for_its_own_chat_goes_out_at_once(client, make_dispatcher):
+    # No send_timeout: before, the request waited behind the task waiting
+    # for it, for ever (the guard below is what failed).
+    d = make_dispatcher(send_timeout=None, pacing=Pacing(chat_limit=RateLimit(1, per=0.01)))
+    with FakeTelegramServer() as server:
+        c = client(server, d)
+        task = _own_send_task(c, 8, "inside")
+        if c.name == "telebot":
+            result = d.submit(8, task).result(30)
+        else:
+            result = c.lt.run(d.asubmit(8, task), timeout=30)
+        assert result == "inside"
+        # Another chat's request from inside a task queues as usual.
+        assert c.send_later(9, "other").result(30) is not None
+        assert texts_of(server, 8) == ["inside"] and texts_of(server, 9) == ["other"]
+
+
+def test_ptb_limiter_takes_aioratelimiters_keywords():
+    library("ptb")
+    from fastdispatch.integrations.ptb import DispatcherRateLimiter
+
+    limiter = DispatcherRateLimiter(overall_max_rate=10, overall_time_period=2,
+                                    group_max_rate=5, group_time_period=30, max_retries=2)
+    margin = Pacing.telegram().chat_limit.per - 1.0
+    assert limiter._pacing.global_limit == RateLimit(10, per=2 + margin)
+    assert limiter._pacing.limit_for(-100) == RateLimit(5, per=30 + margin)
+    assert limiter._pacing.limit_for(100) is None
+    assert limiter._pacing.chat_limit == Pacing.telegram().chat_limit
+    assert limiter._retry.max_attempts == 3
+    off = DispatcherRateLimiter(overall_max_rate=0, group_max_rate=0)
+    assert off._pacing.global_limit is None and off._pacing.limit_for is None
+    assert DispatcherRateLimiter(overall_max_rate=0.5)._pacing.global_limit == RateLimit(
+        1, per=2 + margin)
+    with pytest.raises(TypeError, match="pacing"):
+        DispatcherRateLimiter(pacing=Pacing.telegram(), overall_max_rate=30)
+    with pytest.raises(TypeError, match="max_retries"):
+        DispatcherRateLimiter(retry=RetryPolicy(), max_retries=1)
+    with pytest.raises(ValueError, match="max_retries"):
+        DispatcherRateLimiter(max_retries=-1)
+    with pytest.raises(ValueError, match="group_time_period"):
+        DispatcherRateLimiter(group_time_period="60")
+
+
+@pytest.mark.filterwarnings("ignore:Deprecated since version v22.2")
+def test_ptb_rate_limit_args_max_retries_is_honoured_and_other_keys_said_once(
+        make_dispatcher):
+    library("ptb")
+    import telegram.error
+
+    d = make_dispatcher(retry=RetryPolicy(max_attempts=5))
+    with FakeTelegramServer(exact_retry_after=True) as server:
+        c = PTBClient(server, d)
+        try:
+            server.inject("too_many", count=10, chat_id=4, retry_after=0.01)
+            with pytest.raises(telegram.error.RetryAfter):
+                c.lt.run(c.bot.send_message(4, "x", rate_limit_args={"max_retries": 1}))
+            assert server.stats()["injected_too_many"] == 2     # the call and one retry
+            server.reset()
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                for text in ("a", "b"):
+                    c.lt.run(c.bot.send_message(4, text, rate_limit_args={"priority": 1}))
+            said = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+            assert len(said) == 1 and "'priority'" in str(said[0].message)
+            assert texts_of(server, 4) == ["a", "b"]
+        finally:
+            c.close()
+
+
+@pytest.mark.filterwarnings("ignore:Deprecated since version v22.2")
+def test_ptb_limiter_shutdown_drains_to_a_deadline_and_says_what_was_left(caplog):
+    library("ptb")
+    from fastdispatch.integrations.ptb import DispatcherRateLimiter
+
+    caplog.set_level("INFO", logger="fastdispatch")
+    with FakeTelegramServer() as server:
+        limiter = DispatcherRateLimiter(pacing=Pacing(chat_limit=RateLimit(1, per=0.02)))
+        c = PTBClient(server, limiter=limiter)
+        sends = [c.send_later(6, "m%d" % i) for i in range(5)]
+        c.close()                               # drains: every queued send goes out
+        assert [f.result(10).text for f in sends] == ["m%d" % i for i in range(5)]
+        assert "WARNING" not in caplog.text and "task(s) sent" in caplog.text
+        caplog.clear()
+        limiter = DispatcherRateLimiter(pacing=Pacing(chat_limit=RateLimit(1, per=60)),
+                                        shutdown_timeout=0.2)
+        c = PTBClient(server, limiter=limiter)
+        sends = [c.send_later(7, "n%d" % i) for i in range(3)]
+        d = limiter.dispatcher
+        wait_until(lambda: d.stats().submitted >= 4, what="3 sends queued")
+        c.close()                               # 0.2 s: one is sent, two are left, and said
+        assert "with 2 task(s) not done" in caplog.text
+        assert texts_of(server, 7) == ["n0"]
+        d.force_close()
+
+
+def test_aiogram_middleware_without_a_dispatcher_owns_one_and_drains_it_with_the_session(
+        caplog):
+    library("aiogram")
+    import aiogram
+    from aiogram.client.session.aiohttp import AiohttpSession
+    from aiogram.client.telegram import TelegramAPIServer
+
+    from fastdispatch.integrations.aiogram import DispatcherMiddleware
+
+    caplog.set_level("INFO", logger="fastdispatch")
+    lt = LoopThread()
+    try:
+        with FakeTelegramServer() as server:
+            middleware = DispatcherMiddleware(pacing=Pacing(chat_limit=RateLimit(1, per=0.02)))
+            d = middleware.dispatcher
+
+            async def run():
+                bot = aiogram.Bot(TOKEN, session=AiohttpSession(
+                    api=TelegramAPIServer.from_base(server.base_url)))
+                bot.session.middleware(middleware)
+                await bot.get_me()
+                sends = [asyncio.ensure_future(bot.send_message(chat_id=11, text="m%d" % i))
+                         for i in range(6)]
+                await asyncio.sleep(0)
+                await bot.session.close()        # drains first, then closes
+                return [s.result().text for s in sends]
+
+            assert lt.run(run(), timeout=60) == ["m%d" % i for i in range(6)]
+            assert texts_of(server, 11) == ["m%d" % i for i in range(6)]
+            assert d.closed and "task(s) sent" in caplog.text
+    finally:
+        lt.close()
+    with pytest.raises(TypeError, match="pacing"):
+        DispatcherMiddleware(object(), pacing=Pacing.telegram())
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_telebot_run_polling_stops_on_a_signal_without_losing_a_reply(signum, monkeypatch,
+                                                                     caplog):
+    # TeleBot's two workers and a slow chat: when the signal comes, most
+    # updates are still in TeleBot's own worker queue or the dispatcher.
+    library("telebot")
+    import signal
+
+    import telebot
+    from telebot import apihelper
+
+    from fastdispatch.integrations.telebot import DispatcherRequestSender, run_polling
+
+    caplog.set_level("INFO", logger="fastdispatch.integrations")
+    with FakeTelegramServer() as server:
+        monkeypatch.setattr(apihelper, "API_URL", server.base_url + "/bot{0}/{1}")
+        sender = DispatcherRequestSender(pacing=Pacing(chat_limit=RateLimit(1, per=0.05)))
+        monkeypatch.setattr(apihelper, "CUSTOM_REQUEST_SENDER", sender)
+        bot = telebot.TeleBot(TOKEN, num_threads=2)
+
+        @bot.message_handler(func=lambda message: True)
+        def reply(message):
+            bot.send_message(message.chat.id, "r:" + message.text)
+
+        for n in range(8):
+            for chat in (21, 22, 23):
+                server.push_message(chat, "m%d" % n)
+
+        def signal_after_the_first_reply():
+            wait_until(lambda: server.stats().get("sent", 0) >= 1, what="a first reply")
+            os.kill(os.getpid(), getattr(signal, signum))
+
+        killer = threading.Thread(target=signal_after_the_first_reply)
+        killer.start()
+        assert run_polling(bot, timeout=1, long_polling_timeout=1, interval=0) is True
+        killer.join(10)
+        for chat in (21, 22, 23):
+            assert sorted(texts_of(server, chat)) == sorted("r:m%d" % n for n in range(8))
+        assert server.pending_updates() == 0          # confirmed: a restart gets none again
+        assert sender.dispatcher.closed and "none left" in caplog.text

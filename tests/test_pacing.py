@@ -125,8 +125,8 @@ def test_dispatcher_rejects_bad_pacing_and_retry(impl):
 
 
 def test_telegram_preset_limits_groups_privately_and_bot_wide():
-    p = Pacing.telegram()
-    assert p.global_limit == RateLimit(30, per=1.0)
+    p = Pacing.telegram(margin=0)
+    assert p.global_limit == RateLimit(15, per=0.5)         # 30/s, in halves
     assert p.chat_limit == RateLimit(1, per=1.0)
     group = RateLimit(20, per=60.0)
     assert p.limit_for(-1001234) == group and p.limit_for("-42") == group
@@ -134,7 +134,7 @@ def test_telegram_preset_limits_groups_privately_and_bot_wide():
     from fastdispatch import ChatInfo
     assert p.limit_for(ChatInfo("x", is_group=True)) == group
     assert p.limit_for(ChatInfo("x")) is None
-    assert Pacing.telegram(broadcast=1000).global_limit == RateLimit(1000, per=1.0)
+    assert Pacing.telegram(broadcast=1000, margin=0).global_limit == RateLimit(1000, per=1.0)
 
 
 def test_discord_preset_is_bot_wide_only():

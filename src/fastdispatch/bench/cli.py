@@ -80,13 +80,21 @@ def load_sections(names=SECTIONS):
 
 
 def main(argv=None):
-    """``python -m fastdispatch bench [--quick] [--section NAME] [--plot FILE.png]``."""
+    """``python -m fastdispatch bench [--quick] [--section NAME] [--plot FILE.png]``;
+    ``python -m fastdispatch bench flood [...]``: the plug-ins under a flood
+    (:mod:`fastdispatch.bench.flood`, a few minutes; not a section)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["flood"]:
+        from .flood import main as flood_main
+        return flood_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m fastdispatch bench",
         description="Measure fastdispatch against a thread pool, a naive per-chat "
                     "dispatcher, its pure-Python twin and the cost of a bare Future; "
                     "print medians and the target ratios.",
-        epilog=estimates_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=estimates_text() + "\n\npython -m fastdispatch bench flood --help: the "
+               "Telegram plug-ins under a flood (about a minute per bot)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="fewer rounds (x%g): a first look, noisier" % QUICK_SCALE)
     parser.add_argument("--section", action="append", choices=SECTIONS, metavar="NAME",
