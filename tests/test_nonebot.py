@@ -1,0 +1,94 @@
+"""fastdispatch.integrations.nonebot with the real NoneBot2 and its OneBot v11
+adapter, against FakeOneBotServer on 127.0.0.1: the example bot
+(examples/nonebot_bot.py) in a child process, 20 groups, two replies to each
+message, limits scaled to a quarter (Pacing.onebot()'s windows x 0.25, the
+fake's the same): every reply arrives, in the order the bot made them, never
+two at once in a group, none refused; a risk-control failure of one group
+leaves the others going; SIGTERM mid-backlog loses nothing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("nonebot")
+pytest.importorskip("nonebot.adapters.onebot.v11")
+pytest.importorskip("websockets")
+
+from fastdispatch.integrations.nonebot import _rate_limit_wait, call_chat  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "nonebot_bot.py")
+
+
+def _run(*args, timeout=120):
+    proc = subprocess.run([sys.executable, EXAMPLE, "--scale", "0.25", "--messages", "3",
+                           *args], capture_output=True, text=True, timeout=timeout,
+                          env={k: v for k, v in os.environ.items() if k != "ONEBOT_WS_URLS"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, proc.stdout + proc.stderr
+    return proc.returncode, json.loads(lines[-1]), proc
+
+
+def test_every_reply_in_order_paced_and_one_group_failing():
+    code, result, proc = _run("--risk-control-group", "3")
+    assert result["groups_wrong"] == 0 and result["replies"] == result["expected"] == 119
+    assert result["concurrent"] == 0 and result["limit_refusals"] == 0
+    assert "ActionFailed" in proc.stdout + proc.stderr  # the failure reached the handler as NoneBot's own
+    assert code == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_sigterm_mid_backlog_loses_nothing():
+    code, result, proc = _run("--sigterm-after", "30")
+    assert result["sent_at_sigterm"] < result["expected"]
+    assert result["replies"] == result["expected"] == 120 and result["groups_wrong"] == 0
+    assert result["bot_exit"] == 0
+    assert code == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_called_before_the_adapters_says_so():
+    script = ("import nonebot\n"
+              "nonebot.init(driver='~none')\n"
+              "from fastdispatch.integrations.nonebot import use_fastdispatch\n"
+              "try:\n"
+              "    use_fastdispatch()\n"
+              "except RuntimeError as exc:\n"
+              "    print('refused:', exc)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert "refused:" in out.stdout and "register_adapter" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("adapter, api, data, chat", [
+    ("OneBot V11", "send_msg", {"message_type": "group", "group_id": 1, "user_id": 2},
+     ("group", 1)),
+    ("OneBot V11", "get_login_info", {}, None),
+    ("QQ", "post_group_messages", {"group_openid": "G"}, ("group", "G")),
+    ("QQ", "post_c2c_messages", {"openid": "U"}, ("c2c", "U")),
+    ("QQ", "post_messages", {"channel_id": "C"}, ("channel", "C")),
+    ("QQ", "post_dms_messages", {"guild_id": "D"}, ("dms", "D")),
+    ("QQ", "post_group_files", {"group_openid": "G"}, ("group", "G")),
+    ("QQ", "get_guild", {"guild_id": "D"}, None),
+    ("Telegram", "send_message", {"chat_id": "-100"}, -100),
+    ("Discord", "create_message", {"channel_id": 5}, 5),
+])
+def test_call_chat(adapter, api, data, chat):
+    assert call_chat(adapter, api, data) == chat
+
+
+def test_rate_limit_answers():
+    class RateLimitException(Exception):
+        pass
+
+    class ActionFailed(Exception):
+        code = 22009
+
+    class Flood(Exception):
+        retry_after = 3
+
+    assert _rate_limit_wait(RateLimitException()) == 1.0
+    assert _rate_limit_wait(ActionFailed()) == 1.0
+    assert _rate_limit_wait(Flood()) == 3.0
+    assert _rate_limit_wait(ValueError()) is None
