@@ -48,6 +48,11 @@ def test_sigterm_mid_backlog_loses_nothing():
     assert code == 0, proc.stdout + proc.stderr[-3000:]
 
 
+def test_the_same_bot_without_the_line_fails_the_check():
+    code, result, proc = _run("--groups", "5", "--messages", "2", "--without-fastdispatch")
+    assert code == 1 and result["limit_refusals"] > 0 and result["groups_wrong"] > 0
+
+
 def test_called_before_the_adapters_says_so():
     script = ("import nonebot\n"
               "nonebot.init(driver='~none')\n"
@@ -92,3 +97,55 @@ def test_rate_limit_answers():
     assert _rate_limit_wait(ActionFailed()) == 1.0
     assert _rate_limit_wait(Flood()) == 3.0
     assert _rate_limit_wait(ValueError()) is None
+
+
+QQ_BOT = r'''
+import asyncio, json, sys
+import nonebot
+base = sys.argv[1]
+nonebot.init(driver="~httpx", qq_api_base=base + "/", qq_auth_base=base + "/app/getAppAccessToken")
+from nonebot.adapters.qq import ActionFailed, Adapter, Bot
+from nonebot.adapters.qq.config import BotInfo
+nonebot.get_driver().register_adapter(Adapter)
+from fastdispatch.integrations.nonebot import use_fastdispatch
+use_fastdispatch()
+bot = Bot(nonebot.get_adapter(Adapter), "1024", BotInfo(id="1024", secret="secret"))
+ids = json.loads(sys.argv[2])
+
+async def reply(chat, text, seq):
+    try:
+        await bot.post_group_messages(group_openid=chat, msg_type=0, content=text,
+                                      msg_id=ids[chat], msg_seq=seq)
+        return "ok"
+    except ActionFailed as exc:
+        return "%s %s" % (type(exc).__name__, exc.code)
+
+async def main():
+    calls = [reply(chat, "%s%d" % (chat.lower(), i), i + 1)
+             for i in range(2) for chat in ("A", "B", "C")]
+    print(json.dumps(await asyncio.gather(*calls)))
+
+asyncio.run(main())
+'''
+
+
+def test_qq_adapter_22009_pauses_only_its_chat_and_errors_stay_nonebots():
+    pytest.importorskip("nonebot.adapters.qq")
+    pytest.importorskip("httpx")
+    from fastdispatch.testing import FakeQQServer
+    with FakeQQServer("1024", "secret") as fake:
+        ids = {chat: fake.push_group_message(chat, "ping") for chat in "ABC"}
+        fake.inject("too_many", chat=("group", "A"))
+        fake.inject("error", chat=("group", "C"), status=400, code=11255)
+        out = subprocess.run([sys.executable, "-c", QQ_BOT, fake.base_url, json.dumps(ids)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        results = json.loads(out.stdout.strip().splitlines()[-1])
+        # a0, b0, c0, a1, b1, c1: A's 22009 was waited out and sent again;
+        # C's refusal reached the caller as the adapter's ActionFailed.
+        assert results == ["ok", "ok", "ActionFailed 11255", "ok", "ok", "ok"]
+        a = fake.messages(("group", "A"))
+        b = fake.messages(("group", "B"))
+        assert [m.text for m in a] == ["a0", "a1"] and [m.text for m in b] == ["b0", "b1"]
+        assert b[-1].at < a[0].at  # B did not wait for A's pause
+        assert fake.stats()["too_fast"] == 1
