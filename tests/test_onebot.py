@@ -221,3 +221,29 @@ def _raises(fn):
     except BaseException as exc:
         return exc
     return None
+
+
+def test_command_line_serves_both_fakes():
+    import json
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+    for flag, first in (("--onebot", "ws://"), ("--qq", "http://")):
+        proc = subprocess.Popen([sys.executable, "-m", "fastdispatch.testing", flag],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            url = proc.stdout.readline().strip()
+            control = proc.stdout.readline().strip()
+            assert url.startswith(first) and control.endswith("/control")
+            action = "push_group_message" if flag == "--onebot" else "push_c2c_message"
+            body = {"group_id": 1, "user_id": 2, "text": "hi"} if flag == "--onebot" \
+                else {"openid": "U", "text": "hi"}
+            request = urllib.request.Request(control + "/" + action,
+                                             data=json.dumps(body).encode(), method="POST")
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert json.load(answer)["ok"] is True
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and json.loads(out.strip().splitlines()[-1])
