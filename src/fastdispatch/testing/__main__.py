@@ -85,7 +85,8 @@ def main(argv=None):
     if args.onebot:
         return _serve(FakeOneBotServer(
             chat_limit=args.chat_limit or RateLimit(1, per=1.0),
-            global_limit=args.global_limit or RateLimit(2, per=1.0), tolerance=args.tolerance,
+            global_limit=args.global_limit or RateLimit(2, per=1.0),
+            tolerance=args.tolerance or 0.1,
             latency=args.latency_ms / 1000.0, port=args.port, control=not args.no_control),
             "ws_url")
     if args.qq:

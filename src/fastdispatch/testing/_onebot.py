@@ -104,12 +104,13 @@ class FakeOneBotServer(LocalServer):
 
     ``FakeOneBotServer(*, self_id=10001, access_token=None,
     chat_limit=RateLimit(1, per=1.0), global_limit=RateLimit(2, per=1.0),
-    tolerance=0.0, limit_retcode=100, latency=0.0, seed=None, port=0,
+    tolerance=0.1, limit_retcode=100, latency=0.0, seed=None, port=0,
     ws_port=0, control=False)``
 
     ``chat_limit``/``global_limit``: RateLimit, ``(count, per)`` or None;
-    ``tolerance``: seconds shaved off each window for the network's jitter
-    (a limit scaled down to milliseconds needs some).
+    ``tolerance``: seconds shaved off each window for the time between a
+    paced start and the arrival (the network, a busy event loop); a limit
+    scaled down to milliseconds needs a smaller one.
     """
 
     server_name = "FakeOneBot/1"
@@ -119,7 +120,7 @@ class FakeOneBotServer(LocalServer):
 
     def __init__(self, *, self_id: int = 10001, access_token: Optional[str] = None,
                  chat_limit: Any = RateLimit(1, per=1.0),
-                 global_limit: Any = RateLimit(2, per=1.0), tolerance: float = 0.0,
+                 global_limit: Any = RateLimit(2, per=1.0), tolerance: float = 0.1,
                  limit_retcode: int = 100, latency: Any = 0.0, seed: Optional[int] = None,
                  port: int = 0, ws_port: int = 0, control: bool = False) -> None:
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
