@@ -720,3 +720,96 @@ def test_random_mix_of_coroutine_and_thread_tasks_keeps_every_promise(
 
 def _unused():  # keep sys imported for debugging sessions
     return sys
+
+
+# ------------------------------------------- each caller's context, cancels
+
+def test_each_task_runs_in_its_own_callers_context(make_dispatcher):
+    # Two handlers with different context values send to one chat: the run
+    # of the chat is started by the first, yet the second's task sees the
+    # second's values (its call and its awaitable), never the first's.
+    import contextvars
+    request_id = contextvars.ContextVar("request_id", default="none")
+    d = make_dispatcher()
+    seen = []
+
+    async def send(sc, label):
+        seen.append((label, "awaitable", request_id.get()))
+        await asyncio.sleep(0.01)
+        seen.append((label, "after await", request_id.get()))
+
+    def task(label):
+        def call(sc):
+            seen.append((label, "call", request_id.get()))
+            return send(sc, label)
+        return call
+
+    async def handler(label):
+        request_id.set(label)
+        await d.asubmit("chat", task(label))
+
+    async def main():
+        await asyncio.gather(*(handler("req-%d" % i) for i in range(4)))
+
+    asyncio.run(main())
+    assert len(seen) == 12
+    assert all(label == value for label, _, value in seen), seen
+
+
+def test_a_task_changing_its_context_does_not_leak_into_the_next(make_dispatcher):
+    import contextvars
+    var = contextvars.ContextVar("var", default="unset")
+    d = make_dispatcher()
+    seen = []
+
+    async def first(sc):
+        var.set("set by the first task")
+
+    async def second(sc):
+        seen.append(var.get())
+
+    async def main():
+        await asyncio.gather(d.asubmit("c", first), d.asubmit("c", second))
+        seen.append(var.get())
+
+    asyncio.run(main())
+    assert seen == ["unset", "unset"]
+
+
+@pytest.mark.parametrize("first_attempt", ["raises at the call", "raises in the awaitable"])
+def test_cancelling_the_caller_after_a_retry_cancels_the_running_attempt(
+        make_dispatcher, first_attempt):
+    d = make_dispatcher(retry=RetryPolicy())
+    seen = []
+
+    async def slow(sc):
+        seen.append(("attempt", sc.attempt))
+        if sc.attempt == 1:
+            raise RetryAfter(0.01)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append(("cancelled", sc.attempt))
+            raise
+
+    def task(sc):
+        if sc.attempt == 1 and first_attempt == "raises at the call":
+            seen.append(("attempt", 1))
+            raise RetryAfter(0.01)
+        return slow(sc)
+
+    async def main():
+        call = asyncio.ensure_future(d.asubmit("c", task))
+        while ("attempt", 2) not in seen:
+            await asyncio.sleep(0.005)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # The chat goes on at once (not after the 30 s the attempt would take).
+        return await asyncio.wait_for(d.asubmit("c", lambda sc: "next"), 10)
+
+    assert asyncio.run(main()) == "next"
+    assert ("cancelled", 2) in seen
+    assert d.drain(timeout=5)
+    s = d.stats()
+    assert s.cancelled == 1 and s.retried == 1

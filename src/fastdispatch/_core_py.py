@@ -24,13 +24,18 @@ Locks, and what each protects:
   the budgets learned from ``sc.report_limit``, the wake-up schedule of
   parked chats); its class says more.
 - ``_count_lock``: the counters (the C twin uses atomic integers instead).
+- ``_wait_lock``: which running tasks wait for room in another chat
+  (``ChatQueue.blocked_on``, ``_task_waiting``), read to refuse a wait that
+  could never end (see ``_add_waiter_locked``).
 
 Nesting: a queue lock is held around ``_map_lock`` (when the last chat
-leaves the map) and around the limiter's lock (admitting a start); the
+leaves the map), around ``_wait_lock`` and ``_count_lock`` (a caller
+starting to wait for room) and around the limiter's lock (admitting a start); the
 limiter's lock is held around the timer's (to wake it).  Nothing takes them
 the other way round, and the timer thread takes each alone.
 """
 
+import contextvars
 import functools
 import heapq
 import inspect
@@ -47,8 +52,8 @@ from time import monotonic
 
 from ._errors import (
     Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
-from ._errors import _safe_repr
-from ._types import DispatchInfo, Future
+from ._errors import _safe_repr, _task_call_error
+from ._types import DispatchInfo, Future, _checked_wait
 from .pacing import RateLimit
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
@@ -90,6 +95,16 @@ _TIMEOUT_MAX = threading.TIMEOUT_MAX
 _MAX_REMAINING = 1 << 62
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
+# The coroutine task whose code runs in this context (set in the task's own
+# context when it starts; see DispatcherCore.running_chat).
+_current_task = contextvars.ContextVar("fastdispatch_current_task", default=None)
+# A caller waiting for room (_Waiter.state): still waiting, let in (its task
+# is in the chat's queue), woken by close(), or gone (timed out, cancelled).
+_W_WAITING, _W_ADMITTED, _W_CLOSED, _W_GONE = 0, 1, 2, 3
+# Why a caller that asked to wait may not (_add_waiter_locked).
+_NO_ROOM_MAX, _NO_ROOM_SELF, _NO_ROOM_SLOTS, _NO_ROOM_CYCLE = 1, 2, 3, 4
+# What a waiting asubmit's wake-up Future holds when its timeout passed.
+_TIMED_OUT = object()
 
 
 class RingBuffer:
@@ -142,7 +157,8 @@ class ChatQueue(RingBuffer):
 
     __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
                  "not_before", "granted", "waited", "window", "reserved",
-                 "stamped", "last_start", "elsewhere", "core_ref", "lkey", "lres")
+                 "stamped", "last_start", "elsewhere", "core_ref", "lkey", "lres",
+                 "waiters", "woken", "blocked_on")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -182,6 +198,17 @@ class ChatQueue(RingBuffer):
         self.core_ref = None
         self.lkey = None
         self.lres = None
+        # Callers waiting for room (block=True), oldest first, or None: while
+        # there are any the ring is full (a task leaving it lets the oldest
+        # waiter's task in, in the same critical section), so a call that
+        # does not wait finds no room either.  ``woken``: the waiters let in
+        # or turned away under the lock, to wake once it is released.
+        # Guarded by ``lock``.
+        self.waiters = None
+        self.woken = None
+        # The chats this chat's running task waits for room in (a list;
+        # under the core's _wait_lock), or None.
+        self.blocked_on = None
 
 
 class _Window:
@@ -267,7 +294,7 @@ class SendContext:
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
         "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
-        "_error", "_loop", "_aio", "_queue", "_chatq",
+        "_error", "_loop", "_aio", "_queue", "_chatq", "_ctx", "_watched",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -284,7 +311,8 @@ class SendContext:
         # Task of the awaitable it returned, and its chat while that runs
         # (None once its end was claimed: see DispatcherCore._claim); all
         # None for a thread task.
-        self._loop = self._aio = self._queue = None
+        self._loop = self._aio = self._queue = self._ctx = None
+        self._watched = False  # asubmit's Future is watched for a cancellation
         # The chat queue of the running attempt (set at its start), through
         # which report_limit reaches the limiter; None outside a dispatcher.
         self._chatq = None
@@ -381,7 +409,7 @@ class SendContext:
             event.set()
 
 
-def _new_item(chat_id, fn, future, t_queued, loop=None):
+def _new_item(chat_id, fn, future, t_queued, loop=None, ctx=None):
     item = SendContext.__new__(SendContext)
     item.chat_id = chat_id
     item._deadline = None
@@ -395,8 +423,80 @@ def _new_item(chat_id, fn, future, t_queued, loop=None):
     item._attempt = 1
     item._error = None
     item._loop = loop
+    item._ctx = ctx
+    item._watched = False
     item._aio = item._queue = item._chatq = None
     return item
+
+
+class _Waiter:
+    """A caller waiting for room in a full chat (``block=True``).
+
+    ``wake`` is a held lock that the waker releases (a thread), or a Future
+    of the caller's event loop (an ``asubmit``).  ``holder`` is the chat
+    queue of the running task the caller waits inside, if any.
+    """
+
+    __slots__ = ("item", "q", "loop", "wake", "state", "queue_len", "holder")
+
+    def __init__(self, item, q, loop, holder):
+        self.item = item
+        self.q = q
+        self.loop = loop
+        if loop is None:
+            self.wake = _allocate_lock()
+            self.wake.acquire()
+        else:
+            self.wake = loop.create_future()
+        self.state = _W_WAITING
+        self.queue_len = 0
+        self.holder = holder
+
+
+def _admit_locked(q):
+    # With q.lock held, a task just left the ring: the oldest waiter's task
+    # takes its place (so the ring stays full while anyone waits, and
+    # nobody jumps the line).
+    waiters = q.waiters
+    w = waiters.popleft()
+    if not waiters:
+        q.waiters = None
+    q._items.append(w.item)
+    w.state = _W_ADMITTED
+    w.queue_len = len(q._items)
+    if q.woken is None:
+        q.woken = [w]
+    else:
+        q.woken.append(w)
+
+
+def _no_room(chat_id, capacity, why, max_waiting):
+    # The QueueFull of a caller that asked to wait and may not.
+    chat = _safe_repr(chat_id)
+    if why == _NO_ROOM_SELF:
+        return QueueFull(
+            "chat %s is full and this call comes from inside its own running task: "
+            "waiting for room would wait for itself (room is made only when that "
+            "task ends)" % (chat,))
+    if why == _NO_ROOM_SLOTS:
+        return QueueFull(
+            "chat %s is full, and waiting for room from inside a running task would "
+            "leave every max_inflight slot held by a task that waits: nothing could "
+            "start to make room" % (chat,))
+    if why == _NO_ROOM_CYCLE:
+        return QueueFull(
+            "chat %s is full, and its running task waits (directly or through other "
+            "chats) for room in the chat of the task making this call: waiting would "
+            "never end" % (chat,))
+    return QueueFull("chat %s already has %d waiting tasks and %d callers wait for room "
+                     "(max_waiting)" % (chat, capacity, max_waiting))
+
+
+def _call_in_context(item):
+    # In the task's own context (see _start_async): mark it as the running
+    # task there, then call it.
+    _current_task.set(item)
+    return item._fn(item)
 
 
 def _checked_report(remaining, reset_after, bucket, scope):
@@ -575,6 +675,8 @@ def _take_head_locked(q):
         q.retry_item = None
     elif q._items:
         item = q._items.popleft()
+        if q.waiters is not None:
+            _admit_locked(q)
     else:
         return None
     item._queue_len = len(q._items)
@@ -1265,10 +1367,19 @@ class DispatcherCore:
         self._slot_waiters = deque()  # under _pool_lock
         self._handoffs = {}           # ChatQueue -> (loop, when): handed to a loop; _run_lock
         self._loop_items = {}         # loop -> set of its running coroutine tasks; _run_lock
+        # Callers waiting for room (block=True): how many (_count_lock), and
+        # how many chats have a running task that waits (_wait_lock).
+        self._waiting = 0
+        self._max_waiting = 100_000
+        self._wait_lock = _allocate_lock()
+        self._task_waiting = 0
+        # Per worker thread: the chat it is running (see running_chat).
+        self._tls = threading.local()
 
     def _configure(self, max_inflight, queue_size, send_timeout, idle_timeout,
-                   hooks, recover, pacing=None, retry=None):
+                   hooks, recover, pacing=None, retry=None, max_waiting=100_000):
         self._max_inflight = max_inflight
+        self._max_waiting = max_waiting
         self._queue_size = queue_size
         self._send_timeout = send_timeout
         self._idle_timeout = idle_timeout
@@ -1295,7 +1406,7 @@ class DispatcherCore:
 
     # ------------------------------------------------------------------ submit
 
-    def submit(self, chat_id, task):
+    def submit(self, chat_id, task, *, block=False, timeout=None):
         """Queue ``task`` for ``chat_id``; return a ``Future`` of its result.
 
         Cost: O(1) — one dict lookup, one lock, one push; a new chat also
@@ -1303,27 +1414,46 @@ class DispatcherCore:
         Raises ``TypeError`` for bad arguments, ``QueueFull`` when the chat
         already has ``queue_size`` waiting tasks, ``DispatcherClosed`` after
         ``close()``; in each case nothing was queued.
+
+        ``block=True``: when the chat is full, this thread waits for room
+        (in turn with the chat's other waiters) instead, at most ``timeout``
+        seconds (None: no limit), then ``QueueFull``.  ``QueueFull`` at
+        once if ``max_waiting`` callers already wait, or if the wait could
+        never end (the caller is the chat's own running task; see
+        ``docs/dispatcher.md``); ``DispatcherClosed`` if ``close()`` comes
+        first.
         """
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
         future = Future()
-        self._enqueue(chat_id, task, future)
+        waiter = self._enqueue(chat_id, task, future, None, block)
+        if waiter is not None:
+            self._wait_for_room(waiter, timeout)
         return future
 
-    def post(self, chat_id, task):
+    def post(self, chat_id, task, *, block=False, timeout=None):
         """Like ``submit`` without a Future: the outcome reaches hooks only."""
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
-        self._enqueue(chat_id, task, None)
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        waiter = self._enqueue(chat_id, task, None, None, block)
+        if waiter is not None:
+            self._wait_for_room(waiter, timeout)
 
-    def _enqueue(self, chat_id, task, future, loop=None):
+    def _enqueue(self, chat_id, task, future, loop=None, block=False, ctx=None):
+        # Queue the task; or, when its chat is full and the caller waits
+        # (``block``), return the _Waiter it must wait on.
         if chat_id is None:
             raise TypeError("chat_id must not be None")
         queues = self._queues
         key = _chat_key(chat_id)
         q = queues.get(key)
         item = _new_item(chat_id, task, future,
-                         monotonic() if self._on_done is not None else 0.0, loop)
+                         monotonic() if self._on_done is not None else 0.0, loop, ctx)
+        holder = self._holder() if block else None
         # Count the task as pending *before* looking at ``closed``: then a
         # shutdown() that saw no pending work also made this call see closed.
         with self._count_lock:
@@ -1355,6 +1485,8 @@ class DispatcherCore:
                 items = q._items
                 if len(items) >= q.capacity:
                     queue_len = -1
+                    if block:
+                        waiter = self._add_waiter_locked(q, item, loop, holder)
                 else:
                     items.append(item)
                     queue_len = len(items)
@@ -1362,6 +1494,11 @@ class DispatcherCore:
                     q.running = True
             break
         if queue_len < 0:
+            if block:
+                if type(waiter) is _Waiter:
+                    return waiter
+                self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
+                                               self._max_waiting))
             self._reject(chat_id, QueueFull(
                 "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
         if start:
@@ -1372,35 +1509,243 @@ class DispatcherCore:
                 self._on_queued(chat_id, queue_len)
             except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
+        return None
 
-    async def asubmit(self, chat_id, task):
-        """Queue ``task`` for ``chat_id`` and await its result (SPEC §8).
+    async def asubmit(self, chat_id, task, *, block=False, timeout=None):
+        """Queue ``task`` for ``chat_id`` and await its result.
 
-        Must be called from a running event loop (``RuntimeError``
-        otherwise).  ``task(sc)`` is called on this loop's thread; when it
-        returns an awaitable, that runs on this loop and the chat stays
-        owned until it ends; no thread is held meanwhile.  Returns the
-        task's result or raises what ``submit``'s Future would hold
-        (the task's exception, ``SendTimeout``, ``TaskDiscarded``,
-        ``Cancelled``); ``QueueFull`` and ``DispatcherClosed`` at once.
-        Cancelling the await before the task started skips it; after, the
-        awaitable is cancelled and the chat goes on.
+        Must be called from a coroutine on a running event loop
+        (``RuntimeError`` otherwise).  ``task(sc)`` is called on this loop's
+        thread, in a copy of the caller's ``contextvars`` context taken
+        now (as ``asyncio.create_task`` does); when it returns an awaitable,
+        that runs on this loop, in that context, and the chat stays owned
+        until it ends; no thread is held meanwhile.  Returns the task's
+        result or raises what ``submit``'s Future would hold (the task's
+        exception, ``SendTimeout``, ``TaskDiscarded``, ``Cancelled``);
+        ``QueueFull`` and ``DispatcherClosed`` at once.  ``block=True``:
+        a full chat makes this coroutine wait for room as ``submit`` does
+        (holding no thread).  Cancelling the await while it waits for
+        room, or before the task started, skips it; after, the running
+        attempt's awaitable is cancelled (whichever attempt it is) and the
+        chat goes on.
         """
         global _asyncio
         if _asyncio is None:
             import asyncio as _asyncio_module
             _asyncio = _asyncio_module
-        loop = _asyncio.get_running_loop()
+        loop = _asyncio._get_running_loop()
+        if loop is None:
+            raise RuntimeError(
+                "asubmit() must be awaited in a coroutine running on an event loop "
+                "(e.g. inside asyncio.run()); from a thread without a running loop, "
+                "use submit() or post()")
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
         future = loop.create_future()
         self._async_used = True
-        self._enqueue(chat_id, task, future, loop)
+        waiter = self._enqueue(chat_id, task, future, loop, block, contextvars.copy_context())
+        if waiter is not None:
+            await self._await_room(waiter, timeout, future)
         return await future
 
-    def _reject(self, chat_id, exc):
+    # ------------------------------------------------------- waiting for room
+
+    def _add_waiter_locked(self, q, item, loop, holder):
+        # With q.lock held, the chat full: enter the caller in the chat's
+        # line of waiters and return its _Waiter, or say why it may not wait.
+        # A running task that waits holds a max_inflight slot (and, a thread
+        # task, its worker) until room comes: refused when room could then
+        # never come (its own chat; every slot held by waiting tasks; a
+        # cycle of chats whose running tasks wait for each other).
+        if holder is q:
+            return _NO_ROOM_SELF
         with self._count_lock:
-            self._submitted -= 1
+            if self._waiting >= self._max_waiting:
+                return _NO_ROOM_MAX
+            self._waiting += 1
+            self._submitted -= 1  # counted once let in
+        if holder is not None:
+            why = self._block_on(holder, q)
+            if why:
+                with self._count_lock:
+                    self._waiting -= 1
+                    self._submitted += 1
+                return why
+        waiter = _Waiter(item, q, loop, holder)
+        if q.waiters is None:
+            q.waiters = deque()
+        q.waiters.append(waiter)
+        if self._closed:
+            # close() may have swept this chat before we came: turn away now.
+            q.waiters.remove(waiter)
+            if not q.waiters:
+                q.waiters = None
+            waiter.state = _W_CLOSED
+            self._wake_waiter(waiter)
+        return waiter
+
+    def _block_on(self, holder, q):
+        # The chat ``holder``'s running task is about to wait for room in
+        # ``q``: record it, or return why that wait could never end.
+        with self._wait_lock:
+            if not holder.blocked_on and self._task_waiting + 1 >= self._max_inflight:
+                return _NO_ROOM_SLOTS
+            seen = set()
+            todo = [q]
+            while todo:
+                other = todo.pop()
+                if other is holder:
+                    return _NO_ROOM_CYCLE
+                if other.blocked_on and id(other) not in seen:
+                    seen.add(id(other))
+                    todo.extend(other.blocked_on)
+            if holder.blocked_on is None:
+                holder.blocked_on = [q]
+                self._task_waiting += 1
+            else:
+                holder.blocked_on.append(q)
+        return 0
+
+    def _unblock(self, holder, q):
+        with self._wait_lock:
+            holder.blocked_on.remove(q)
+            if not holder.blocked_on:
+                holder.blocked_on = None
+                self._task_waiting -= 1
+
+    def _wake_waiter(self, waiter):
+        # Wake a waiter whose state was decided (under its chat's lock).
+        if waiter.loop is None:
+            waiter.wake.release()
+        else:
+            _on_loop(waiter.loop, _aio_set, waiter.wake, None, None)
+
+    def _wake_admitted(self, q):
+        # After q.lock was released: wake the waiters let in meanwhile.
+        with q.lock:
+            woken, q.woken = q.woken, None
+        if woken:
+            with self._count_lock:
+                self._submitted += len(woken)
+                self._waiting -= len(woken)
+            for w in woken:
+                self._wake_waiter(w)
+
+    def _close_waiters(self):
+        # close(): every caller waiting for room gets DispatcherClosed.
+        for q in list(self._queues.values()):
+            with q.lock:
+                waiters, q.waiters = q.waiters, None
+                for w in waiters or ():
+                    w.state = _W_CLOSED
+            for w in waiters or ():
+                self._wake_waiter(w)
+
+    def _wait_for_room(self, waiter, timeout):
+        # submit/post with block=True: this thread waits for its turn.
+        try:
+            woken = waiter.wake.acquire(True, -1 if timeout is None else timeout)
+        except BaseException:
+            self._end_wait(waiter, False)
+            raise
+        self._end_wait(waiter, not woken, timeout)
+
+    async def _await_room(self, waiter, timeout, future):
+        # asubmit with block=True: this coroutine waits for its turn.
+        timer = None
+        if timeout is not None:
+            timer = waiter.loop.call_later(timeout, _aio_set, waiter.wake, _TIMED_OUT, None)
+        try:
+            timed_out = await waiter.wake is _TIMED_OUT
+        except BaseException:
+            # Cancelled: nothing is left behind (a task let in meanwhile is
+            # skipped, as a task cancelled before it started).
+            try:
+                if self._end_wait(waiter, False):
+                    future.cancel()
+            except DispatcherClosed:
+                pass  # closed meanwhile: the cancellation is what the caller sees
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._end_wait(waiter, timed_out, timeout)
+
+    def _end_wait(self, waiter, timed_out, timeout=None):
+        # The end of a wait for room.  ``timed_out``: the caller gives up
+        # because its timeout passed (QueueFull), else it was woken, or it
+        # gives up because it was interrupted (None).  Returns True if its
+        # task was let in, else raises QueueFull or DispatcherClosed (or
+        # returns False: interrupted).
+        q = waiter.q
+        item = waiter.item
+        with q.lock:
+            state = waiter.state
+            if state == _W_WAITING:
+                q.waiters.remove(waiter)
+                if not q.waiters:
+                    q.waiters = None
+                state = waiter.state = _W_GONE
+        if waiter.holder is not None:
+            self._unblock(waiter.holder, q)
+        if state == _W_ADMITTED:
+            if self._on_queued is not None and waiter.queue_len:
+                try:
+                    self._on_queued(item.chat_id, waiter.queue_len)
+                except BaseException as exc:
+                    self._hook_failed("on_queued", exc)
+            return True
+        with self._count_lock:
+            self._waiting -= 1
+            if state == _W_GONE and not timed_out:
+                self._pending -= 1
+        if state == _W_GONE and not timed_out:
+            self._maybe_drained()
+            return False
+        chat_id = item.chat_id
+        item._fn = item._future = None
+        if state == _W_CLOSED:
+            exc = DispatcherClosed("the dispatcher was closed while this call waited for "
+                                   "room in chat %s" % (_safe_repr(chat_id),))
+        else:
+            exc = QueueFull("chat %s had no room within the %gs timeout"
+                            % (_safe_repr(chat_id), timeout))
+        self._reject(chat_id, exc, True)
+
+    # ------------------------------------------------ the running task's chat
+
+    def running_chat(self):
+        """The chat id of this dispatcher's task that the calling code runs in.
+
+        A thread task: the calling thread is the worker running it; a
+        coroutine task: the calling code runs in its call or its awaitable
+        (its asyncio Task and what inherits that context).  None anywhere
+        else.  A request for that chat made from there would wait for the
+        very task making it: plug-ins send it inline instead.
+        """
+        q = self._holder()
+        return None if q is None else q.chat_id
+
+    def _holder(self):
+        # The chat queue of the running task of this dispatcher that the
+        # calling code runs in, or None.
+        q = getattr(self._tls, "chat", None)
+        if q is not None:
+            return q
+        item = _current_task.get()
+        if item is not None and item._fn is not None:
+            q = item._chatq
+            if q is not None and q.core_ref is self._ref:
+                return q
+        return None
+
+    def _reject(self, chat_id, exc, waited=False):
+        # ``waited``: a caller that waited for room (not counted as submitted).
+        with self._count_lock:
+            if not waited:
+                self._submitted -= 1
             self._pending -= 1
             self._rejected += 1
         self._maybe_drained()
@@ -1492,7 +1837,7 @@ class DispatcherCore:
             return (self._submitted, self._completed, self._failed, self._rejected,
                     self._discarded, self._cancelled, self._timed_out,
                     len(self._queues), self._inflight, self._threads,
-                    self._retried, paced, parked)
+                    self._retried, paced, parked, self._waiting)
 
     def _pacing_state(self):
         """Sizes of the limiter's structures (for tests and debugging)."""
@@ -1521,12 +1866,14 @@ class DispatcherCore:
         wake = _allocate_lock()
         wake.acquire()
         searching = True  # a new worker was started as the searcher
+        tls = self._tls
         while True:
             q = self._next_chat(wake, searching)
             if q is None:
                 return
+            tls.chat = q  # what running_chat() says in this thread meanwhile
             self._drain_chat(q)
-            q = None  # an idle worker keeps nothing of the chats it ran
+            tls.chat = q = None  # an idle worker keeps nothing of the chats it ran
             searching = False
 
     def _next_chat(self, wake, searching):
@@ -1583,6 +1930,8 @@ class DispatcherCore:
                         # miss it.
                         q.running = False
                         self._remove_locked(q)
+            if q.woken is not None:
+                self._wake_admitted(q)  # its task took the place of one that left
             if item is None or item is _PARKED or item is _AGAIN or item is _ELSEWHERE:
                 self._release_slot()
                 if item is None:
@@ -1676,6 +2025,8 @@ class DispatcherCore:
         with q.lock:
             head = _head(q)
             item = _take_head_locked(q) if head is not None and head._loop is loop else None
+        if q.woken is not None:
+            self._wake_admitted(q)
         if item is None:
             return
         error = Cancelled("the event loop of this coroutine task is closed or stopped "
@@ -1740,19 +2091,22 @@ class DispatcherCore:
         if not self._begin(item, q):
             return _DONE
         result = panic = None
+        ctx = item._ctx
         try:
-            result = item._fn(item)
+            # In the caller's context (copied at asubmit), never in the
+            # context of whoever started the chat's run.
+            result = ctx.run(_call_in_context, item)
             error = None
         except Exception as exc:
-            error = exc
+            error = exc if type(exc) is not TypeError else _task_call_error(item.chat_id, exc)
         except BaseException as exc:
             error = panic = exc
         if error is None and inspect.isawaitable(result):
             try:
                 if inspect.iscoroutine(result):
-                    aio = loop.create_task(result)
+                    aio = ctx.run(loop.create_task, result)
                 else:
-                    aio = _asyncio.ensure_future(result, loop=loop)
+                    aio = ctx.run(_asyncio.ensure_future, result, loop=loop)
             except Exception as exc:
                 error = exc
             else:
@@ -1765,7 +2119,11 @@ class DispatcherCore:
                         self._timer_needed_locked(monotonic() + _LOOP_CHECK)
                     items.add(item)
                 aio.add_done_callback(functools.partial(self._aio_done, item))
-                if item._attempt == 1:
+                if not item._watched:
+                    # Once per task, at its first awaitable (whatever
+                    # attempt that is): the caller's cancellation reaches
+                    # the attempt then running.
+                    item._watched = True
                     future.add_done_callback(functools.partial(self._caller_done, item))
                 return _ASYNC
         return self._end(item, q, result, error, panic)
@@ -1897,6 +2255,8 @@ class DispatcherCore:
         # chat goes on with the one after.
         with q.lock:
             item = _take_head_locked(q)
+        if q.woken is not None:
+            self._wake_admitted(q)
         if item is None:
             return False
         logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)
@@ -1956,7 +2316,7 @@ class DispatcherCore:
             result = item._fn(item)
             error = None
         except Exception as exc:
-            error = exc
+            error = exc if type(exc) is not TypeError else _task_call_error(item.chat_id, exc)
         except BaseException as exc:
             error = panic = exc
         if error is None and result is not None and inspect.isawaitable(result):
@@ -2179,6 +2539,12 @@ class DispatcherCore:
         # its queue is removed (returns those tasks, for _panic).
         with q.lock:
             waiting = q.clear()
+            # Callers waiting for room in it are let in, to be discarded
+            # with the chat's waiting tasks (woken by _panic).
+            while q.waiters is not None:
+                _admit_locked(q)
+                waiting.append(q._items.pop())
+                q.woken[-1].queue_len = 0
             q.running = False
             self._remove_locked(q)
         return waiting
@@ -2192,6 +2558,8 @@ class DispatcherCore:
             error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
             error.__cause__ = exc
             self._finish(item, error, "discarded")
+        if q.woken is not None:
+            self._wake_admitted(q)
         logger.error("task of chat %s panicked; %d waiting task(s) discarded",
                      chat, len(waiting), exc_info=exc)
         self._call_recover(exc)
@@ -2387,10 +2755,12 @@ class DispatcherCore:
 
     def _close(self):
         self._closed = True
+        self._close_waiters()
 
     def _cancel_everything(self):
         """force_close(): cancel running, retrying, parked and waiting tasks."""
         self._closed = True
+        self._close_waiters()
         with self._run_lock:
             self._forced = True
             running = [(item, Cancelled("the dispatcher was force-closed"))

@@ -87,9 +87,11 @@ class _Lifecycle:
     """The part of OutboundDispatcher that both cores share."""
 
     def __init__(self, *, max_inflight=512, queue_size=64, send_timeout=30.0,
-                 recover=None, hooks=None, idle_timeout=5.0, pacing=None, retry=None):
+                 recover=None, hooks=None, idle_timeout=5.0, pacing=None, retry=None,
+                 max_waiting=100_000):
         max_inflight = _check_size("max_inflight", max_inflight)
         queue_size = _check_size("queue_size", queue_size)
+        max_waiting = _check_size("max_waiting", max_waiting)
         send_timeout = _check_seconds("send_timeout", send_timeout, allow_none=True)
         idle_timeout = _check_seconds("idle_timeout", idle_timeout, allow_none=False)
         if recover is not None and not callable(recover):
@@ -104,7 +106,7 @@ class _Lifecycle:
             raise TypeError("retry must be a RetryPolicy or None, got %r" % (type(retry).__name__,))
         super().__init__()
         self._configure(max_inflight, queue_size, send_timeout, idle_timeout,
-                        hooks, recover, pacing, retry)
+                        hooks, recover, pacing, retry, max_waiting)
         self._workers = set()
         self._worker_seq = itertools.count(1)
         self._timer_thread = None
@@ -274,7 +276,7 @@ def build_dispatcher_class(core):
 
         ``OutboundDispatcher(*, max_inflight=512, queue_size=64,
         send_timeout=30.0, recover=None, hooks=None, idle_timeout=5.0,
-        pacing=None, retry=None)``
+        pacing=None, retry=None, max_waiting=100_000)``
 
         - ``max_inflight``: most tasks running at once, across all chats
           (the worker-thread cap).
@@ -288,6 +290,9 @@ def build_dispatcher_class(core):
         - ``retry``: a :class:`RetryPolicy`; None still honours
           ``RetryAfter`` (with ``RetryPolicy()``'s limits) and retries
           nothing else.
+        - ``max_waiting``: most callers waiting for room at once, bot-wide
+          (``submit``/``post``/``asubmit`` with ``block=True`` on a full
+          chat); past it such a call raises ``QueueFull`` at once.
 
         Guarantees and design:
         https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md

@@ -119,3 +119,30 @@ def _safe_repr(obj):
         except BaseException:
             name = "object"
         return "<%s object (repr() failed)>" % (name,)
+
+
+# The modules that call tasks: a traceback that ends in one of them ends
+# before the task's own code.
+_CORES = ("fastdispatch._core_py", "fastdispatch._ringbuf")
+
+
+def _task_call_error(chat_id, exc):
+    """The error a task fails with when calling it raised ``exc`` (a TypeError).
+
+    A TypeError raised by the call itself, before any of the task's own
+    code ran (``task()`` written without a parameter, or a callable that
+    takes no argument), is a mistake about what a task receives: say so,
+    with the original error as the cause.  One raised inside the task is
+    left as it is.  Only a failed call runs this.
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None and tb.tb_frame.f_globals.get("__name__") not in _CORES:
+        return exc  # raised by the task's own code (or code it called)
+    error = TypeError(
+        "the task for chat %s could not be called as task(sc): a task receives one "
+        "argument, the SendContext of its send (e.g. lambda sc: ..., or def task(sc): ...)"
+        "; calling it raised: %s" % (_safe_repr(chat_id), exc))
+    error.__cause__ = exc
+    return error

@@ -35,6 +35,7 @@ release.
 cimport cython
 from cpython.object cimport PyObject
 
+import contextvars
 import functools
 import inspect
 import logging
@@ -51,8 +52,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 from ._errors import (
     Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
-from ._errors import _safe_repr
-from ._types import DispatchInfo, Future
+from ._errors import _safe_repr, _task_call_error
+from ._types import DispatchInfo, Future, _checked_wait
 from .pacing import RateLimit
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore", "LatencyHistogram"]
@@ -324,6 +325,28 @@ cdef object _SPAWN = object()
 
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 cdef cython.pymutex _event_lock
+
+# The coroutine task whose code runs in this context (set in the task's own
+# context when it starts; see DispatcherCore.running_chat).
+_current_task = contextvars.ContextVar("fastdispatch_current_task", default=None)
+cdef object _copy_context = contextvars.copy_context
+
+cdef enum:
+    # A caller waiting for room (_Waiter.state): still waiting, let in (its
+    # task is in the chat's queue), woken by close(), or gone (timed out,
+    # cancelled).
+    _W_WAITING = 0
+    _W_ADMITTED = 1
+    _W_CLOSED = 2
+    _W_GONE = 3
+    # Why a caller that asked to wait may not (_add_waiter_locked).
+    _NO_ROOM_MAX = 1
+    _NO_ROOM_SELF = 2
+    _NO_ROOM_SLOTS = 3
+    _NO_ROOM_CYCLE = 4
+
+# What a waiting asubmit's wake-up Future holds when its timeout passed.
+cdef object _TIMED_OUT = object()
 
 
 # ----------------------------------------------------------- Future fast paths
@@ -666,6 +689,16 @@ cdef class ChatQueue(RingBuffer):
     cdef object _core_ref
     cdef object _lkey
     cdef _Bucket _lres_chat, _lres_shared, _lres_glob
+    # Callers waiting for room (block=True), oldest first (a deque), or
+    # None: while there are any the ring is full (a task leaving it lets the
+    # oldest waiter's task in, in the same critical section), so a call that
+    # does not wait finds no room either.  _woken: the waiters let in under
+    # the lock, to wake once it is released.  Both under _lock.
+    cdef object _waiters
+    cdef list _woken
+    # The chats this chat's running task waits for room in, or None (under
+    # the core's _wait_lock).
+    cdef list _blocked_on
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -827,6 +860,10 @@ cdef class SendContext:
     # The chat queue of the running attempt (set at its start), through
     # which report_limit reaches the limiter; None outside a dispatcher.
     cdef ChatQueue _chatq
+    # asubmit: a copy of the caller's contextvars context, which every
+    # attempt runs in; whether its Future is watched for a cancellation.
+    cdef object _ctx
+    cdef bint _watched
 
     def __init__(self, chat_id, deadline=None):
         self.chat_id = chat_id
@@ -1004,7 +1041,7 @@ cdef object _wrap_chat_id(object chat_id):
 
 
 cdef inline SendContext _new_item(object chat_id, object fn, object future, double t_queued,
-                                  object loop):
+                                  object loop, object ctx):
     cdef SendContext item = SendContext.__new__(SendContext)
     item.chat_id = chat_id
     item._fn = fn
@@ -1012,7 +1049,87 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
     item._t_queued = t_queued
     item._attempt = 1
     item._loop = loop
+    item._ctx = ctx
     return item
+
+
+@cython.final
+cdef class _Waiter:
+    """A caller waiting for room in a full chat (``block=True``).
+
+    ``wake`` is a held lock that the waker releases (a thread), or a Future
+    of the caller's event loop (an ``asubmit``).  ``holder`` is the chat
+    queue of the running task the caller waits inside, if any.
+    """
+
+    cdef SendContext item
+    cdef ChatQueue q
+    cdef object loop
+    cdef object wake
+    cdef int state              # under q._lock
+    cdef Py_ssize_t queue_len
+    cdef ChatQueue holder
+
+
+cdef _Waiter _new_waiter(SendContext item, ChatQueue q, object loop, ChatQueue holder):
+    cdef _Waiter w = _Waiter.__new__(_Waiter)
+    w.item = item
+    w.q = q
+    w.loop = loop
+    if loop is None:
+        w.wake = _allocate_lock()
+        w.wake.acquire()
+    else:
+        w.wake = loop.create_future()
+    w.state = _W_WAITING
+    w.holder = holder
+    return w
+
+
+cdef int _admit_locked(ChatQueue q) except -1:
+    # With q._lock held, a task just left the ring: the oldest waiter's
+    # task takes its place (so the ring stays full while anyone waits, and
+    # nobody jumps the line).
+    cdef _Waiter w = <_Waiter>q._waiters.popleft()
+    if not q._waiters:
+        q._waiters = None
+    q._push(w.item)
+    w.state = _W_ADMITTED
+    w.queue_len = q._count
+    if q._woken is None:
+        q._woken = [w]
+    else:
+        q._woken.append(w)
+    return 0
+
+
+def _call_in_context(SendContext item):
+    # In the task's own context (see _start_async): mark it as the running
+    # task there, then call it.
+    _current_task.set(item)
+    return item._fn(item)
+
+
+def _no_room(chat_id, capacity, int why, max_waiting):
+    # The QueueFull of a caller that asked to wait and may not.
+    chat = _safe_repr(chat_id)
+    if why == _NO_ROOM_SELF:
+        return QueueFull(
+            "chat %s is full and this call comes from inside its own running task: "
+            "waiting for room would wait for itself (room is made only when that "
+            "task ends)" % (chat,))
+    if why == _NO_ROOM_SLOTS:
+        return QueueFull(
+            "chat %s is full, and waiting for room from inside a running task would "
+            "leave every max_inflight slot held by a task that waits: nothing could "
+            "start to make room" % (chat,))
+    if why == _NO_ROOM_CYCLE:
+        return QueueFull(
+            "chat %s is full, and its running task waits (directly or through other "
+            "chats) for room in the chat of the task making this call: waiting would "
+            "never end" % (chat,))
+    return QueueFull("chat %s already has %d waiting tasks and %d callers wait for room "
+                     "(max_waiting)" % (chat, capacity, max_waiting))
 
 
 # The largest budget kept: more than any platform announces, far from overflow.
@@ -1102,6 +1219,8 @@ cdef inline SendContext _take_head_locked(ChatQueue q):
         q._retry_item = None
     elif q._count:
         item = <SendContext>q._pop()
+        if q._waiters is not None:
+            _admit_locked(q)
     else:
         return None
     item._queue_len = q._count
@@ -1969,6 +2088,8 @@ cdef class _Runner:
     cdef fd_back *back          # objects its worker gives back, not yet
                                 # published (free-threaded builds; its
                                 # worker's alone: no lock)
+    cdef ChatQueue chat         # the chat its worker runs (its worker's
+                                # alone; read by running_chat() there)
 
     def __dealloc__(self):
         # Its worker publishes the block when it exits; this is a backstop.
@@ -2052,6 +2173,14 @@ cdef class DispatcherCore:
     cdef long long _rejected
     cdef long long _retried
     cdef long long _counts[5]
+    # Callers waiting for room (block=True): how many (atomic), the most
+    # allowed, and how many chats have a running task that waits for room
+    # (_wait_lock, which also guards every ChatQueue._blocked_on).
+    cdef long long _waiting
+    cdef Py_ssize_t _max_waiting
+    cdef cython.pymutex _wait_lock
+    cdef Py_ssize_t _task_waiting
+    cdef object _tls                  # per worker thread: its _Runner (running_chat)
     # Objects the workers give back to their creating threads, in blocks
     # (free-threaded builds, see fd_back): a lock-free stack, pushed by a
     # worker per full block, taken whole by submit and post.
@@ -2073,10 +2202,14 @@ cdef class DispatcherCore:
         self._slot_waiters = deque()
         self._handoffs = {}
         self._loop_items = {}
+        self._max_waiting = 100_000
+        self._tls = threading.local()
 
     def _configure(self, Py_ssize_t max_inflight, Py_ssize_t queue_size, send_timeout,
-                   double idle_timeout, hooks, recover, pacing=None, retry=None):
+                   double idle_timeout, hooks, recover, pacing=None, retry=None,
+                   Py_ssize_t max_waiting=100_000):
         self._max_inflight = max_inflight
+        self._max_waiting = max_waiting
         self._queue_size = queue_size
         self._has_timeout = send_timeout is not None
         self._send_timeout = send_timeout if send_timeout is not None else 0.0
@@ -2106,7 +2239,7 @@ cdef class DispatcherCore:
 
     # ------------------------------------------------------------------ submit
 
-    def submit(self, chat_id, task):
+    def submit(self, chat_id, task, *, block=False, timeout=None):
         """Queue ``task`` for ``chat_id``; return a ``Future`` of its result.
 
         Cost: O(1) — one dict lookup, one lock, one push; a new chat also
@@ -2114,43 +2247,73 @@ cdef class DispatcherCore:
         Raises ``TypeError`` for bad arguments, ``QueueFull`` when the chat
         already has ``queue_size`` waiting tasks, ``DispatcherClosed`` after
         ``close()``; in each case nothing was queued.
+
+        ``block=True``: when the chat is full, this thread waits for room
+        (in turn with the chat's other waiters) instead, at most ``timeout``
+        seconds (None: no limit), then ``QueueFull``.  ``QueueFull`` at
+        once if ``max_waiting`` callers already wait, or if the wait could
+        never end (the caller is the chat's own running task; see
+        ``docs/dispatcher.md``); ``DispatcherClosed`` if ``close()`` comes
+        first.
         """
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
         future = _new_future()
-        self._enqueue(chat_id, task, future, None)
+        waiter = self._enqueue(chat_id, task, future, None, block, None)
+        if waiter is not None:
+            self._wait_for_room(<_Waiter>waiter, timeout)
         return future
 
-    def post(self, chat_id, task):
+    def post(self, chat_id, task, *, block=False, timeout=None):
         """Like ``submit`` without a Future: the outcome reaches hooks only."""
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
-        self._enqueue(chat_id, task, None, None)
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        waiter = self._enqueue(chat_id, task, None, None, block, None)
+        if waiter is not None:
+            self._wait_for_room(<_Waiter>waiter, timeout)
 
-    async def asubmit(self, chat_id, task):
-        """Queue ``task`` for ``chat_id`` and await its result (SPEC §8).
+    async def asubmit(self, chat_id, task, *, block=False, timeout=None):
+        """Queue ``task`` for ``chat_id`` and await its result.
 
-        Must be called from a running event loop (``RuntimeError``
-        otherwise).  ``task(sc)`` is called on this loop's thread; when it
-        returns an awaitable, that runs on this loop and the chat stays
-        owned until it ends; no thread is held meanwhile.  Returns the
-        task's result or raises what ``submit``'s Future would hold
-        (the task's exception, ``SendTimeout``, ``TaskDiscarded``,
-        ``Cancelled``); ``QueueFull`` and ``DispatcherClosed`` at once.
-        Cancelling the await before the task started skips it; after, the
-        awaitable is cancelled and the chat goes on.
+        Must be called from a coroutine on a running event loop
+        (``RuntimeError`` otherwise).  ``task(sc)`` is called on this loop's
+        thread, in a copy of the caller's ``contextvars`` context taken
+        now (as ``asyncio.create_task`` does); when it returns an awaitable,
+        that runs on this loop, in that context, and the chat stays owned
+        until it ends; no thread is held meanwhile.  Returns the task's
+        result or raises what ``submit``'s Future would hold (the task's
+        exception, ``SendTimeout``, ``TaskDiscarded``, ``Cancelled``);
+        ``QueueFull`` and ``DispatcherClosed`` at once.  ``block=True``:
+        a full chat makes this coroutine wait for room as ``submit`` does
+        (holding no thread).  Cancelling the await while it waits for
+        room, or before the task started, skips it; after, the running
+        attempt's awaitable is cancelled (whichever attempt it is) and the
+        chat goes on.
         """
         global _asyncio, _running_loop
         if _asyncio is None:
             import asyncio as _asyncio_module
             _running_loop = _asyncio_module._get_running_loop
             _asyncio = _asyncio_module
-        loop = _asyncio.get_running_loop()
+        loop = _running_loop()
+        if loop is None:
+            raise RuntimeError(
+                "asubmit() must be awaited in a coroutine running on an event loop "
+                "(e.g. inside asyncio.run()); from a thread without a running loop, "
+                "use submit() or post()")
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
         future = loop.create_future()
         self._async_used = True
-        self._enqueue(chat_id, task, future, loop)
+        waiter = self._enqueue(chat_id, task, future, loop, block, _copy_context())
+        if waiter is not None:
+            await self._await_room(waiter, timeout, future)
         return await future
 
     cdef inline _Stripe _stripe_for(self, object key):
@@ -2167,8 +2330,10 @@ cdef class DispatcherCore:
             i = (<size_t>h * <size_t>0x9E3779B97F4A7C15ULL) >> (8 * sizeof(size_t) - FD_STRIPE_BITS)
         return <_Stripe>self._stripes[i]
 
-    cdef int _enqueue(self, object chat_id, object task, object future,
-                      object loop) except -1:
+    cdef object _enqueue(self, object chat_id, object task, object future,
+                         object loop, bint block, object ctx):
+        # Queue the task; or, when its chat is full and the caller waits
+        # (``block``), return the _Waiter it must wait on (else None).
         cdef ChatQueue q
         cdef ChatQueue fresh
         cdef SendContext item
@@ -2177,6 +2342,8 @@ cdef class DispatcherCore:
         cdef _Stripe stripe
         cdef dict queues
         cdef Py_ssize_t held
+        cdef ChatQueue holder = None
+        cdef object waiter = None
         if chat_id is None:
             raise TypeError("chat_id must not be None")
         if FD_HANDBACK:
@@ -2186,13 +2353,15 @@ cdef class DispatcherCore:
         queues = stripe.queues
         q = queues.get(key)
         item = _new_item(chat_id, task, future,
-                         monotonic() if self._on_done is not None else 0.0, loop)
+                         monotonic() if self._on_done is not None else 0.0, loop, ctx)
+        if block:
+            holder = self._holder()
         # Count the task as pending *before* looking at ``closed``: then a
         # shutdown() that saw no pending work also made this call see closed.
         FD_ADD(&self._submitted, 1)
         FD_ADD(&self._pending, 1)
         if FD_LOAD(&self._closed):
-            self._reject(chat_id, DispatcherClosed("the dispatcher is closed"))
+            self._reject(chat_id, DispatcherClosed("the dispatcher is closed"), False)
         while True:
             if q is None:
                 # Allocate only on a miss; setdefault keeps whichever queue
@@ -2222,14 +2391,22 @@ cdef class DispatcherCore:
                         q._running = True
                     else:
                         queue_len = -1
+                        if block:
+                            waiter = self._add_waiter_locked(q, item, loop, holder)
                 else:
                     queue_len = 0   # orphaned queue: retry from the lookup
             if queue_len:
                 break
             q = None  # (only now: q's lock must outlive the with-block)
         if queue_len < 0:
+            if block:
+                if type(waiter) is _Waiter:
+                    return waiter
+                self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
+                                               self._max_waiting), False)
             self._reject(chat_id, QueueFull(
-                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
+                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)),
+                False)
         if start:
             if loop is None or not self._hand_to_loop(q, loop):
                 self._schedule(q)
@@ -2238,10 +2415,12 @@ cdef class DispatcherCore:
                 self._on_queued(chat_id, queue_len)
             except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
-        return 0
+        return None
 
-    cdef int _reject(self, object chat_id, object exc) except -1:
-        FD_ADD(&self._submitted, -1)
+    cdef int _reject(self, object chat_id, object exc, bint waited) except -1:
+        # ``waited``: a caller that waited for room (not counted as submitted).
+        if not waited:
+            FD_ADD(&self._submitted, -1)
         FD_ADD(&self._pending, -1)
         FD_ADD(&self._rejected, 1)
         self._maybe_drained()
@@ -2251,6 +2430,215 @@ cdef class DispatcherCore:
             except BaseException as hook_exc:
                 self._hook_failed("on_rejected", hook_exc)
         raise exc
+
+    # ------------------------------------------------------- waiting for room
+
+    cdef object _add_waiter_locked(self, ChatQueue q, SendContext item, object loop,
+                                   ChatQueue holder):
+        # With q._lock held, the chat full: enter the caller in the chat's
+        # line of waiters and return its _Waiter, or say why it may not wait.
+        # A running task that waits holds a max_inflight slot (and, a thread
+        # task, its worker) until room comes: refused when room could then
+        # never come (its own chat; every slot held by waiting tasks; a
+        # cycle of chats whose running tasks wait for each other).
+        cdef _Waiter waiter
+        cdef int why
+        if holder is q:
+            return _NO_ROOM_SELF
+        if FD_ADD(&self._waiting, 1) >= self._max_waiting:
+            FD_ADD(&self._waiting, -1)
+            return _NO_ROOM_MAX
+        if holder is not None:
+            why = self._block_on(holder, q)
+            if why:
+                FD_ADD(&self._waiting, -1)
+                return why
+        FD_ADD(&self._submitted, -1)  # counted once let in
+        waiter = _new_waiter(item, q, loop, holder)
+        if q._waiters is None:
+            q._waiters = deque()
+        q._waiters.append(waiter)
+        if FD_LOAD(&self._closed):
+            # close() may have swept this chat before we came: turn away now.
+            q._waiters.remove(waiter)
+            if not q._waiters:
+                q._waiters = None
+            waiter.state = _W_CLOSED
+            self._wake_waiter(waiter)
+        return waiter
+
+    cdef int _block_on(self, ChatQueue holder, ChatQueue q) except -1:
+        # The chat ``holder``'s running task is about to wait for room in
+        # ``q``: record it, or return why that wait could never end.
+        cdef ChatQueue other
+        cdef set seen
+        cdef list todo
+        with self._wait_lock:
+            if holder._blocked_on is None and self._task_waiting + 1 >= self._max_inflight:
+                return _NO_ROOM_SLOTS
+            seen = set()
+            todo = [q]
+            while todo:
+                other = <ChatQueue>todo.pop()
+                if other is holder:
+                    return _NO_ROOM_CYCLE
+                if other._blocked_on is not None and id(other) not in seen:
+                    seen.add(id(other))
+                    todo.extend(other._blocked_on)
+            if holder._blocked_on is None:
+                holder._blocked_on = [q]
+                self._task_waiting += 1
+            else:
+                holder._blocked_on.append(q)
+        return 0
+
+    cdef int _unblock(self, ChatQueue holder, ChatQueue q) except -1:
+        with self._wait_lock:
+            holder._blocked_on.remove(q)
+            if not holder._blocked_on:
+                holder._blocked_on = None
+                self._task_waiting -= 1
+        return 0
+
+    cdef int _wake_waiter(self, _Waiter waiter) except -1:
+        # Wake a waiter whose state was decided (under its chat's lock).
+        if waiter.loop is None:
+            waiter.wake.release()
+        else:
+            _on_loop(waiter.loop, _aio_set, waiter.wake, None, None)
+        return 0
+
+    cdef int _wake_admitted(self, ChatQueue q) except -1:
+        # After q._lock was released: wake the waiters let in meanwhile.
+        cdef list woken
+        with q._lock:
+            woken = q._woken
+            q._woken = None
+        if woken:
+            FD_ADD(&self._submitted, len(woken))
+            FD_ADD(&self._waiting, -len(woken))
+            for w in woken:
+                self._wake_waiter(<_Waiter>w)
+        return 0
+
+    cdef int _close_waiters(self) except -1:
+        # close(): every caller waiting for room gets DispatcherClosed.
+        cdef ChatQueue q
+        cdef object waiters
+        chats = []
+        for stripe in self._stripes:
+            chats.extend(list((<_Stripe>stripe).queues.values()))
+        for q in chats:
+            with q._lock:
+                waiters = q._waiters
+                q._waiters = None
+                if waiters is not None:
+                    for w in waiters:
+                        (<_Waiter>w).state = _W_CLOSED
+            if waiters is not None:
+                for w in waiters:
+                    self._wake_waiter(<_Waiter>w)
+        return 0
+
+    def _wait_for_room(self, _Waiter waiter, timeout):
+        # submit/post with block=True: this thread waits for its turn.
+        try:
+            woken = waiter.wake.acquire(True, -1 if timeout is None else timeout)
+        except BaseException:
+            self._end_wait(waiter, False, None)
+            raise
+        self._end_wait(waiter, not woken, timeout)
+
+    async def _await_room(self, _Waiter waiter, timeout, future):
+        # asubmit with block=True: this coroutine waits for its turn.
+        timer = None
+        if timeout is not None:
+            timer = waiter.loop.call_later(timeout, _aio_set, waiter.wake, _TIMED_OUT, None)
+        try:
+            timed_out = (await waiter.wake) is _TIMED_OUT
+        except BaseException:
+            # Cancelled: nothing is left behind (a task let in meanwhile is
+            # skipped, as a task cancelled before it started).
+            try:
+                if self._end_wait(waiter, False, None):
+                    future.cancel()
+            except DispatcherClosed:
+                pass  # closed meanwhile: the cancellation is what the caller sees
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._end_wait(waiter, timed_out, timeout)
+
+    def _end_wait(self, _Waiter waiter, bint timed_out, timeout):
+        # The end of a wait for room.  ``timed_out``: the caller gives up
+        # because its timeout passed (QueueFull), else it was woken, or it
+        # gives up because it was interrupted.  Returns True if its task was
+        # let in, else raises QueueFull or DispatcherClosed (or returns
+        # False: interrupted).
+        cdef ChatQueue q = waiter.q
+        cdef SendContext item = waiter.item
+        cdef int state
+        with q._lock:
+            state = waiter.state
+            if state == _W_WAITING:
+                q._waiters.remove(waiter)
+                if not q._waiters:
+                    q._waiters = None
+                state = waiter.state = _W_GONE
+        if waiter.holder is not None:
+            self._unblock(waiter.holder, q)
+        if state == _W_ADMITTED:
+            if self._on_queued is not None and waiter.queue_len:
+                try:
+                    self._on_queued(item.chat_id, waiter.queue_len)
+                except BaseException as exc:
+                    self._hook_failed("on_queued", exc)
+            return True
+        FD_ADD(&self._waiting, -1)
+        if state == _W_GONE and not timed_out:
+            FD_ADD(&self._pending, -1)
+            self._maybe_drained()
+            return False
+        chat_id = item.chat_id
+        item._fn = item._future = None
+        if state == _W_CLOSED:
+            exc = DispatcherClosed("the dispatcher was closed while this call waited for "
+                                   "room in chat %s" % (_safe_repr(chat_id),))
+        else:
+            exc = QueueFull("chat %s had no room within the %gs timeout"
+                            % (_safe_repr(chat_id), timeout))
+        self._reject(chat_id, exc, True)
+
+    # ------------------------------------------------ the running task's chat
+
+    def running_chat(self):
+        """The chat id of this dispatcher's task that the calling code runs in.
+
+        A thread task: the calling thread is the worker running it; a
+        coroutine task: the calling code runs in its call or its awaitable
+        (its asyncio Task and what inherits that context).  None anywhere
+        else.  A request for that chat made from there would wait for the
+        very task making it: plug-ins send it inline instead.
+        """
+        cdef ChatQueue q = self._holder()
+        return None if q is None else q.chat_id
+
+    cdef ChatQueue _holder(self):
+        # The chat queue of the running task of this dispatcher that the
+        # calling code runs in, or None.
+        cdef ChatQueue q
+        cdef SendContext item
+        runner = getattr(self._tls, "runner", None)
+        if runner is not None and (<_Runner>runner).chat is not None:
+            return (<_Runner>runner).chat
+        found = _current_task.get()
+        if found is not None:
+            item = <SendContext>found
+            q = item._chatq
+            if item._fn is not None and q is not None and q._core_ref is self._ref:
+                return q
+        return None
 
     cdef int _schedule(self, ChatQueue q) except -1:
         # Put a chat that just got work (and has no worker) on the ready list.
@@ -2361,7 +2749,8 @@ cdef class DispatcherCore:
                 FD_LOAD(&self._counts[C_FAILED]), FD_LOAD(&self._rejected),
                 FD_LOAD(&self._counts[C_DISCARDED]), FD_LOAD(&self._counts[C_CANCELLED]),
                 FD_LOAD(&self._counts[C_TIMED_OUT]), FD_LOAD(&self._chats),
-                FD_LOAD(&self._inflight), threads, FD_LOAD(&self._retried), paced, parked)
+                FD_LOAD(&self._inflight), threads, FD_LOAD(&self._retried), paced, parked,
+                FD_LOAD(&self._waiting))
 
     def _pacing_state(self):
         """Sizes of the limiter's structures (for tests and debugging)."""
@@ -2426,13 +2815,15 @@ cdef class DispatcherCore:
         wake = _Wake()
         with self._pool_lock:
             self._runners.append(runner)
+        self._tls.runner = runner
         try:
             while True:
                 q = self._next_chat(wake, searching, runner)
                 if q is None:
                     return
+                runner.chat = q  # what running_chat() says in this thread meanwhile
                 self._drain_chat(q, None, runner)
-                q = None  # an idle worker keeps nothing of the chats it ran
+                runner.chat = q = None  # an idle worker keeps nothing of the chats it ran
                 searching = False
         finally:
             with self._pool_lock:
@@ -2510,6 +2901,8 @@ cdef class DispatcherCore:
                             self._keep(runner, q)
                             self._keep(runner, q._key)
                         self._remove_locked(q)
+            if q._woken is not None:
+                self._wake_admitted(q)  # its task took the place of one that left
             if found is None or found is _PARKED_CHAT or found is _AGAIN or found is _ELSEWHERE:
                 self._release_slot()
                 if found is None:
@@ -2620,6 +3013,8 @@ cdef class DispatcherCore:
             head = _peek_head(q)
             if head is not None and head._loop is loop:
                 item = _take_head_locked(q)
+        if q._woken is not None:
+            self._wake_admitted(q)
         if item is None:
             return 0
         error = Cancelled("the event loop of this coroutine task is closed or stopped "
@@ -2688,18 +3083,21 @@ cdef class DispatcherCore:
             return _DONE
         if not self._begin(item, q, None):
             return _DONE
+        ctx = item._ctx
         try:
-            result = item._fn(item)
+            # In the caller's context (copied at asubmit), never in the
+            # context of whoever started the chat's run.
+            result = ctx.run(_call_in_context, item)
         except Exception as exc:
-            error = exc
+            error = exc if type(exc) is not TypeError else _task_call_error(item.chat_id, exc)
         except BaseException as exc:
             error = panic = exc
         if error is None and _is_awaitable(result):
             try:
                 if PyCoro_CheckExact(result):
-                    aio = loop.create_task(result)
+                    aio = ctx.run(loop.create_task, result)
                 else:
-                    aio = _asyncio.ensure_future(result, loop=loop)
+                    aio = ctx.run(_asyncio.ensure_future, result, loop=loop)
             except Exception as exc:
                 error = exc
             else:
@@ -2712,7 +3110,11 @@ cdef class DispatcherCore:
                         self._timer_needed_locked(<double>monotonic() + _LOOP_CHECK)
                     items.add(item)
                 aio.add_done_callback(functools.partial(self._aio_done, item))
-                if item._attempt == 1:
+                if not item._watched:
+                    # Once per task, at its first awaitable (whatever
+                    # attempt that is): the caller's cancellation reaches
+                    # the attempt then running.
+                    item._watched = True
                     future.add_done_callback(functools.partial(self._caller_done, item))
                 return _ASYNC
         return self._end(item, q, result, error, panic, False, False, None)
@@ -2854,6 +3256,8 @@ cdef class DispatcherCore:
         cdef SendContext item
         with q._lock:
             item = _take_head_locked(q)
+        if q._woken is not None:
+            self._wake_admitted(q)
         if item is None:
             return False
         logger.error("chat %s: cannot apply pacing", _safe_repr(q.chat_id), exc_info=exc)
@@ -2925,7 +3329,7 @@ cdef class DispatcherCore:
         try:
             result = item._fn(item)
         except Exception as exc:
-            error = exc
+            error = exc if type(exc) is not TypeError else _task_call_error(item.chat_id, exc)
         except BaseException as exc:
             error = panic = exc
         if error is None and result is not None and _is_awaitable(result):
@@ -3166,6 +3570,12 @@ cdef class DispatcherCore:
         cdef list waiting
         with q._lock:
             waiting = q._clear()
+            # Callers waiting for room in it are let in, to be discarded
+            # with the chat's waiting tasks (woken by _panic).
+            while q._waiters is not None:
+                _admit_locked(q)
+                waiting.append(q._pop())
+                (<_Waiter>q._woken[len(q._woken) - 1]).queue_len = 0  # (no wraparound here)
             q._running = False
             self._remove_locked(q)
         return waiting
@@ -3179,6 +3589,8 @@ cdef class DispatcherCore:
             error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
             error.__cause__ = exc
             self._finish(<SendContext>item, error, C_DISCARDED)
+        if q._woken is not None:
+            self._wake_admitted(q)
         logger.error("task of chat %s panicked; %d waiting task(s) discarded",
                      chat, len(waiting), exc_info=exc)
         self._call_recover(exc)
@@ -3500,6 +3912,7 @@ cdef class DispatcherCore:
 
     def _close(self):
         FD_STORE(&self._closed, 1)
+        self._close_waiters()
 
     def _cancel_everything(self):
         """force_close(): cancel running, retrying, parked and waiting tasks."""
@@ -3511,6 +3924,7 @@ cdef class DispatcherCore:
         cdef SendContext item, retrying
         cdef ChatQueue q
         FD_STORE(&self._closed, 1)
+        self._close_waiters()
         with self._run_lock:
             FD_STORE(&self._forced, 1)
             while self._run_head is not None:

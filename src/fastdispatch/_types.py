@@ -2,6 +2,9 @@
 
 import concurrent.futures
 import logging
+import math
+import numbers
+import threading
 from typing import Any, Callable, NamedTuple, Optional
 
 __all__ = ["DispatchInfo", "DispatcherHooks", "DispatcherStats"]
@@ -92,8 +95,10 @@ class DispatcherStats(NamedTuple):
     cancelled + timed_out``; a retried task still ends in exactly one of
     them.  ``retried`` counts the retries scheduled and ``paced`` the starts
     that had to wait for a rate limit.  ``active_chats``, ``inflight``,
-    ``threads`` and ``parked`` (chats waiting out a rate limit or a
-    ``RetryAfter``) are gauges read at the same moment.
+    ``threads``, ``parked`` (chats waiting out a rate limit or a
+    ``RetryAfter``) and ``waiting`` (callers of ``submit``/``post``/``asubmit``
+    with ``block=True`` waiting for room in a full chat; a caller counts in
+    ``submitted`` once its task is let in) are gauges read at the same moment.
 
     Fields are readable by name (``s.completed``) or by key
     (``s["completed"]``).
@@ -112,6 +117,7 @@ class DispatcherStats(NamedTuple):
     retried: int = 0
     paced: int = 0
     parked: int = 0
+    waiting: int = 0
 
     def __getitem__(self, key):  # type: ignore[override]
         if isinstance(key, str):
@@ -119,3 +125,26 @@ class DispatcherStats(NamedTuple):
                 raise KeyError(key)
             return getattr(self, key)
         return tuple.__getitem__(self, key)
+
+
+def _checked_wait(timeout):
+    """The ``timeout`` of a ``block=True`` call, checked: None or seconds >= 0.
+
+    Shared by both cores; only a call that may wait runs it (the
+    non-blocking call's path does not).
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError("timeout must be a number of seconds or None, got %r"
+                        % (type(timeout).__name__,))
+    try:
+        value = float(timeout)
+    except OverflowError:
+        value = math.inf
+    if value != value or value < 0:
+        raise ValueError("timeout must be a non-negative number of seconds, got %r"
+                         % (timeout,))
+    if value > threading.TIMEOUT_MAX:
+        return None  # longer than any wait can be: no limit
+    return value
