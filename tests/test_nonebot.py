@@ -107,8 +107,17 @@ nonebot.init(driver="~httpx", qq_api_base=base + "/", qq_auth_base=base + "/app/
 from nonebot.adapters.qq import ActionFailed, Adapter, Bot
 from nonebot.adapters.qq.config import BotInfo
 nonebot.get_driver().register_adapter(Adapter)
+if sys.argv[4] == "nested":  # an API whose call makes another call of its chat
+    own_call_api = Adapter._call_api
+
+    async def nested(self, bot, api, **data):
+        if data.get("content") == "outer":
+            await bot.call_api("post_messages", channel_id="CH", content="inner",
+                               msg_id="guild-msg")
+        return await own_call_api(self, bot, api, **data)
+    Adapter._call_api = nested
 from fastdispatch.integrations.nonebot import use_fastdispatch
-use_fastdispatch()
+use_fastdispatch(queue_size=int(sys.argv[3]))
 bot = Bot(nonebot.get_adapter(Adapter), "1024", BotInfo(id="1024", secret="secret"))
 ids = json.loads(sys.argv[2])
 
@@ -120,10 +129,19 @@ async def reply(chat, text, seq):
     except ActionFailed as exc:
         return "%s %s" % (type(exc).__name__, exc.code)
 
+async def post(text):
+    await bot.post_messages(channel_id="CH", content=text, msg_id="guild-msg")
+    return "ok"
+
 async def main():
-    calls = [reply(chat, "%s%d" % (chat.lower(), i), i + 1)
-             for i in range(2) for chat in ("A", "B", "C")]
-    print(json.dumps(await asyncio.gather(*calls)))
+    if sys.argv[4] == "channel-flood":
+        calls = [post("c%d" % i) for i in range(12)]
+    elif sys.argv[4] == "nested":
+        calls = [asyncio.wait_for(post("outer"), 30)]
+    else:
+        calls = [reply(chat, "%s%d" % (chat.lower(), i), i + 1)
+                 for i in range(2) for chat in ("A", "B", "C")]
+    print(json.dumps(await asyncio.gather(*calls, return_exceptions=True), default=repr))
 
 asyncio.run(main())
 '''
@@ -137,8 +155,8 @@ def test_qq_adapter_22009_pauses_only_its_chat_and_errors_stay_nonebots():
         ids = {chat: fake.push_group_message(chat, "ping") for chat in "ABC"}
         fake.inject("too_many", chat=("group", "A"))
         fake.inject("error", chat=("group", "C"), status=400, code=11255)
-        out = subprocess.run([sys.executable, "-c", QQ_BOT, fake.base_url, json.dumps(ids)],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-c", QQ_BOT, fake.base_url, json.dumps(ids),
+                              "64", "replies"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr[-3000:]
         results = json.loads(out.stdout.strip().splitlines()[-1])
         # a0, b0, c0, a1, b1, c1: A's 22009 was waited out and sent again;
@@ -149,3 +167,30 @@ def test_qq_adapter_22009_pauses_only_its_chat_and_errors_stay_nonebots():
         assert [m.text for m in a] == ["a0", "a1"] and [m.text for m in b] == ["b0", "b1"]
         assert b[-1].at < a[0].at  # B did not wait for A's pause
         assert fake.stats()["too_fast"] == 1
+
+
+def test_a_full_chat_makes_the_handler_wait_never_queue_full():
+    """12 calls at once to one channel with room for 1 waiting: every one is
+    sent, in the order made; none raises QueueFull into the bot."""
+    pytest.importorskip("nonebot.adapters.qq")
+    from fastdispatch.testing import FakeQQServer
+    with FakeQQServer("1024", "secret") as fake:
+        out = subprocess.run([sys.executable, "-c", QQ_BOT, fake.base_url, "{}", "1",
+                              "channel-flood"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == ["ok"] * 12
+        assert [m.text for m in fake.messages(("channel", "CH"))] == \
+            ["c%d" % i for i in range(12)]
+
+
+def test_a_call_made_inside_a_running_call_of_its_chat_is_sent_at_once():
+    """An adapter API that makes another call of the same chat while it runs:
+    queued behind itself it would wait forever; it is made inline."""
+    pytest.importorskip("nonebot.adapters.qq")
+    from fastdispatch.testing import FakeQQServer
+    with FakeQQServer("1024", "secret") as fake:
+        out = subprocess.run([sys.executable, "-c", QQ_BOT, fake.base_url, "{}", "64",
+                              "nested"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == ["ok"]
+        assert [m.text for m in fake.messages(("channel", "CH"))] == ["inner", "outer"]

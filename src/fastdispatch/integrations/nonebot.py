@@ -148,10 +148,16 @@ class FastDispatch:
                 flood.clear()
                 return result
 
+            if d.running_chat() == key:
+                # Made by a call of this chat that is running (an adapter's
+                # API that calls another): queued, it would wait for itself.
+                return await original(bot, api, **data)
             # Nothing is awaited before asubmit queues the call: calls are
-            # queued in the order the bot made them.
+            # queued in the order the bot made them.  block=True: a chat
+            # with queue_size calls waiting makes the handler wait for room,
+            # never raises QueueFull into the bot.
             try:
-                return await d.asubmit(key, task)
+                return await d.asubmit(key, task, block=True)
             except RetryAfter:
                 if flood:
                     raise flood[0] from None
@@ -204,7 +210,7 @@ class FastDispatch:
 
 def use_fastdispatch(*, drain_timeout: float = 30.0,
                      pacing: Optional[Dict[str, Optional[Pacing]]] = None,
-                     queue_size: int = 100_000) -> FastDispatch:
+                     queue_size: int = 64) -> FastDispatch:
     """Send every API call of every registered adapter through fastdispatch
     (see the module docstring).  Call it once, after
     ``driver.register_adapter(...)``; calling it again wraps only adapters
@@ -214,7 +220,8 @@ def use_fastdispatch(*, drain_timeout: float = 30.0,
       calls (and handlers still running) before the adapters close.
     - ``pacing``: adapter name -> ``Pacing`` (or None: order only), over
       the defaults by platform.
-    - ``queue_size``: calls one chat may have waiting.
+    - ``queue_size``: calls one chat may have waiting; a handler making
+      one more waits for room (it is never refused).
     """
     if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, (int, float)) or \
             not 0 <= drain_timeout < float("inf"):

@@ -210,7 +210,15 @@ class FakeQQServer(LocalServer):
                 mid = "reply-%d" % next(self._ids)
                 self._record.add(key, QQMessage((kind, ident), text, msg_id or "", seq, mid,
                                                 now))
-                answer = (200, {"id": mid, "timestamp": int(time.time())})
+                if kind in WINDOWS:
+                    answer = (200, {"id": mid, "timestamp": int(time.time())})
+                else:  # a guild message object, as the guild endpoints answer
+                    answer = (200, {
+                        "id": mid, "content": text,
+                        "channel_id": ident if kind == "channel" else "dm-" + ident,
+                        "guild_id": "guild-" + ident if kind == "channel" else ident,
+                        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                        "author": {"id": self.app_id, "username": "fake-bot", "bot": True}})
         if fault == "delay":
             self._sleep(options["seconds"])
         return self._answer(handler, *answer)
