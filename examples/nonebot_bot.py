@@ -95,7 +95,8 @@ def check(args):
                   # 100 ms for a busy event loop: a paced call starts on
                   # time but runs when NoneBot's loop gets to it (measured:
                   # up to ~60 ms while it takes in a round of 20 messages).
-                  tolerance=min(0.1, p.chat_limit.per * args.scale * 0.5))
+                  tolerance=min(0.1, p.chat_limit.per * args.scale * 0.5)
+                  if args.tolerance is None else args.tolerance)
     groups = [1000 + g for g in range(args.groups)]
     expected = {g: ["m%d-%s" % (i, s) for i in range(args.messages) for s in "ab"]
                 for g in groups}
@@ -174,6 +175,9 @@ def main():
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply the limits' windows (0.05: twenty times faster)")
+    parser.add_argument("--tolerance", type=float, default=None, metavar="SECONDS",
+                        help="what the fake allows between a paced start and its arrival "
+                             "(default: 0.1, at most half a window)")
     parser.add_argument("--sigterm-after", type=int, default=None, metavar="N")
     parser.add_argument("--risk-control-group", type=int, default=None, metavar="G")
     parser.add_argument("--without-fastdispatch", action="store_true",

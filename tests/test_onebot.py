@@ -188,23 +188,27 @@ def _scaled(limit, k):
 
 
 def test_paced_dispatcher_meets_no_refusal(make_dispatcher):
-    """Pacing.onebot() scaled by k against the fake's defaults scaled by k:
-    every send arrives, in order per chat, never two at once in a chat,
-    none refused; a risk-control failure of one chat leaves the others going."""
+    """Pacing.onebot() scaled by k: the dispatcher's own start stamps keep
+    both windows exactly; the fake (the same limits, scaled, allowing 90 %
+    of a window for the trip) refuses nothing; every send arrives, in order
+    per chat, never two at once in a chat; a risk-control failure of one
+    chat leaves the others going."""
     k = 0.05
     p = Pacing.onebot()
-    with FakeOneBotServer(chat_limit=_scaled(p.chat_limit, k),
-                          global_limit=_scaled(p.global_limit, k), tolerance=k * 0.4,
-                          latency=0.002) as srv, OneBotSender(srv.ws_url) as s:
-        d = make_dispatcher(pacing=Pacing(global_limit=_scaled(p.global_limit, k),
-                                          chat_limit=_scaled(p.chat_limit, k)))
+    chat_limit, global_limit = _scaled(p.chat_limit, k), _scaled(p.global_limit, k)
+    with FakeOneBotServer(chat_limit=chat_limit, global_limit=global_limit,
+                          tolerance=k * 0.9, latency=0.002) as srv, \
+            OneBotSender(srv.ws_url) as s:
+        d = make_dispatcher(pacing=Pacing(global_limit=global_limit, chat_limit=chat_limit))
         srv.inject("error", chat=("group", 3), retcode=100)
-        futures = {}
+        futures, starts = {}, []
         for i in range(4):
             for g in range(10):
-                futures[g, i] = d.submit(("group", g), lambda sc, g=g, i=i: s.call(
-                    "send_group_msg", {"group_id": g, "message": "%d" % i},
-                    timeout=sc.remaining()))
+                def task(sc, g=g, i=i):
+                    starts.append((sc.started, g))
+                    return s.call("send_group_msg", {"group_id": g, "message": "%d" % i},
+                                  timeout=sc.remaining())
+                futures[g, i] = d.submit(("group", g), task)
         errors = {key: f.exception(60) for key, f in futures.items()}
         assert [key for key, e in errors.items() if e is not None] == [(3, 0)]
         assert errors[3, 0].retcode == 100
@@ -213,6 +217,12 @@ def test_paced_dispatcher_meets_no_refusal(make_dispatcher):
         for g in range(10):
             expected = ["1", "2", "3"] if g == 3 else ["0", "1", "2", "3"]
             assert [m.text for m in srv.messages(("group", g))] == expected
+    eps = 1e-6
+    times = sorted(t for t, _ in starts)
+    assert all(b - a >= global_limit.per - eps for a, b in zip(times, times[2:]))
+    for g in range(10):
+        mine = sorted(t for t, chat in starts if chat == g)
+        assert all(b - a >= chat_limit.per - eps for a, b in zip(mine, mine[1:]))
 
 
 def _raises(fn):

@@ -176,13 +176,7 @@ class FakeOneBotServer(LocalServer):
         super().stop()  # sets _stopping: calls held forever end
         if ws_server is not None:
             ws_server.shutdown()
-            with self._lock:
-                clients = list(self._clients)
-            for ws in clients:
-                try:
-                    ws.close()
-                except Exception:
-                    pass
+            self.drop_connections()
             if self._ws_thread is not None:
                 self._ws_thread.join(5)
 
