@@ -202,7 +202,8 @@ class _WsLink:
                 return self._conn
         left = deadline - time.monotonic()
         if not self._connect_lock.acquire(timeout=max(left, 0.001)):
-            raise OutcomeUnknown(action, "no connection within the call's deadline")
+            raise OneBotNetworkError(action, "no connection within the call's deadline "
+                                     "(nothing was sent)")
         try:
             with self._lock:
                 if self._closed:
@@ -385,8 +386,8 @@ class OneBotSender:
         if not isinstance(params, dict):
             raise TypeError("params must be a dict, got %r" % (type(params).__name__,))
         t = self.timeout if timeout is None else timeout
-        if t <= 0:
-            raise OutcomeUnknown(action, "the deadline had passed before the call")
+        if t <= 0:  # nothing sent: a plain SendTimeout
+            raise SendTimeout("%s: the deadline had passed before the call" % (action,))
         if self._ws is not None:
             return decode_answer(action, self._ws.call(action, params, t))
         err = None
