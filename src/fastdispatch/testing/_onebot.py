@@ -159,7 +159,7 @@ class FakeOneBotServer(LocalServer):
                               "'fastdispatch[onebot]'") from None
         super().start()
         try:
-            self._ws_server = serve(self._ws_session, self._host, self._ws_port,
+            self._ws_server = serve(self._ws_serve_client, self._host, self._ws_port,
                                     process_request=self._ws_handshake, compression=None,
                                     ping_interval=None, max_size=self.max_body)
         except BaseException:
@@ -203,7 +203,7 @@ class FakeOneBotServer(LocalServer):
             try:
                 ws.send(frame)
             except Exception:
-                pass  # that connection is going; its session ends it
+                pass  # that connection is going; its reader ends it
         return len(clients)
 
     def _message_event(self, kind, user_id, text, group_id=None):
@@ -416,7 +416,7 @@ class FakeOneBotServer(LocalServer):
             return connection.respond(status, "unauthorized\n")
         return None
 
-    def _ws_session(self, ws):
+    def _ws_serve_client(self, ws):
         with self._lock:
             self._clients.add(ws)
             self._counts["ws_connections"] += 1
