@@ -200,6 +200,29 @@ class Pacing:
         """
         return cls(global_limit=RateLimit(50, per=1.0))
 
+    @classmethod
+    def onebot(cls):
+        """OneBot v11 (NapCat, Lagrange.OneBot, LLOneBot, go-cqhttp):
+        1 message/s per chat, 2/s bot-wide.
+
+        QQ publishes no limit for these accounts; its risk control mutes or
+        bans one that sends too fast.  The numbers are go-cqhttp's own
+        limiter: its ``rate-limit`` default of one token a second with a
+        bucket of one, and the 500 ms queue of its ``_rate_limited``
+        actions (the sources are listed in docs/onebot.md).
+        """
+        return cls(global_limit=RateLimit(2, per=1.0), chat_limit=RateLimit(1, per=1.0))
+
+    @classmethod
+    def qq(cls):
+        """The QQ official bot API: 5 messages/s per chat (the published
+        limit of a guild channel); nothing bot-wide, where QQ answers
+        ``22009`` instead (the sender makes it a wait of that chat).  The
+        passive-reply rules (a window, 5 replies per message) are the
+        sender's, not pacing's.
+        """
+        return cls(chat_limit=RateLimit(5, per=1.0))
+
     def __repr__(self):
         return "Pacing(global_limit=%r, chat_limit=%r, limit_for=%r)" % (
             self.global_limit, self.chat_limit, self.limit_for)

@@ -16,7 +16,10 @@ the command line, controllable over HTTP.
 """
 
 from ._discord import DiscordMessage, FakeDiscordServer, discord_limits
+from ._onebot import FakeOneBotServer, OneBotMessage
+from ._qq import FakeQQServer, QQMessage
 from ._telegram import FakeTelegramServer, SentMessage, telegram_limits
 
 __all__ = ["FakeTelegramServer", "SentMessage", "telegram_limits", "FakeDiscordServer",
-           "DiscordMessage", "discord_limits"]
+           "DiscordMessage", "discord_limits", "FakeOneBotServer", "OneBotMessage",
+           "FakeQQServer", "QQMessage"]

@@ -19,6 +19,8 @@ application/json``, ``Host`` the server's own address and port, no foreign
 With ``--discord`` the first line is the API's base URL (``.../api/v10``)
 and the actions are FakeDiscordServer's (``public_key``,
 ``make_interaction``, ``post_interaction``, ``set_channel_status``, ...).
+``--onebot``: a FakeOneBotServer (the first line is its forward WebSocket;
+the control URL's base is its HTTP API); ``--qq``: a FakeQQServer.
 """
 
 import argparse
@@ -30,6 +32,8 @@ import threading
 from .._signals import SignalRelay
 from ..pacing import RateLimit
 from ._discord import FakeDiscordServer
+from ._onebot import FakeOneBotServer
+from ._qq import FakeQQServer
 from ._telegram import FakeTelegramServer
 
 
@@ -75,7 +79,25 @@ def main(argv=None):
                              "(default 50/1); --group-limit, --exact-retry-after and "
                              "--tolerance do not apply (actions: %s)"
                              % ", ".join(FakeDiscordServer.control_actions))
+    parser.add_argument("--onebot", action="store_true",
+                        help="serve a FakeOneBotServer instead (first line: its forward "
+                             "WebSocket URL, then the control URL, whose base is the HTTP "
+                             "API); --chat-limit/--global-limit override its limits")
+    parser.add_argument("--qq", action="store_true",
+                        help="serve a FakeQQServer instead (QQ official bot API; --token "
+                             "is the client secret of app 1024)")
     args = parser.parse_args(argv)
+    if args.onebot:
+        return _serve(FakeOneBotServer(
+            chat_limit=args.chat_limit or RateLimit(1, per=1.0),
+            global_limit=args.global_limit or RateLimit(2, per=1.0),
+            tolerance=args.tolerance or 0.1,
+            latency=args.latency_ms / 1000.0, port=args.port, control=not args.no_control),
+            "ws_url")
+    if args.qq:
+        return _serve(FakeQQServer(client_secret=args.token or "secret",
+                                   latency=args.latency_ms / 1000.0, port=args.port,
+                                   control=not args.no_control), "base_url")
     if args.discord:
         return _serve(FakeDiscordServer(
             args.token, channel_limit=args.chat_limit or RateLimit(5, per=5.0),
