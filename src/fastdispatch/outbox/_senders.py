@@ -1,0 +1,79 @@
+"""How the outbox calls a sender: one function per sender, chosen once at open.
+
+A stored reply is ``(method, params)`` plus the row's idempotency key, a
+string that stays the same every time the row is sent, across restarts
+(``"<file id>-<row id>"``, at most 25 characters).  Three kinds of senders:
+
+- One with ``outbox_call(sc, method, params, *, key)``: the outbox hands it
+  the key and it uses the platform's own idempotency field.  This is the
+  protocol a new platform's sender implements (the QQ API deduplicates a
+  passive reply by ``msg_id`` + ``msg_seq``: such a sender derives a stable
+  ``msg_seq`` from the key's row id, ``int(key.rsplit("-", 1)[1])``).
+- ``DiscordSender``: ``method`` is ``"<HTTP verb> <path>"`` (``"POST
+  /channels/123/messages"``); a Create Message gets ``nonce`` = the key and
+  ``enforce_nonce: true`` unless ``params`` has a nonce, so Discord drops a
+  resend of a message it already created (within its few-minute window).
+- Anything with ``call(method, params, *, timeout)`` (``TelegramSender``):
+  the Bot API has no idempotency key; a resend may duplicate.
+"""
+
+import re
+
+__all__ = ["bind_sender"]
+
+_CREATE_MESSAGE = re.compile(r"/channels/(\d{1,20})/messages\Z")
+
+
+def _is_discord(sender):
+    return any(cls.__name__ == "DiscordSender" and cls.__module__.startswith("fastdispatch.")
+               for cls in type(sender).__mro__)
+
+
+def _call_with_key(sender):
+    def call(sc, method, params, key):
+        return sender.outbox_call(sc, method, params, key=key)
+    return call
+
+
+def _call_plain(sender):
+    def call(sc, method, params, key):
+        return sender.call(method, params, timeout=sc.remaining())
+    return call
+
+
+def _call_discord(sender):
+    def call(sc, method, params, key):
+        verb, _, path = method.partition(" ")
+        match = _CREATE_MESSAGE.match(path) if verb == "POST" else None
+        resource = route = ""
+        if match is not None:
+            resource = match.group(1)
+            route = "POST /channels/{channel.id}/messages"
+            if "nonce" not in params:
+                params["nonce"] = key
+                params["enforce_nonce"] = True
+        return sender.request(verb, path, json=params, sc=sc, resource=resource,
+                              route=route, timeout=sc.remaining())
+    return call
+
+
+def check_method(sender, method):
+    """Raise ValueError if ``sender`` cannot take ``method``."""
+    if _is_discord(sender):
+        verb, _, path = method.partition(" ")
+        if verb not in ("GET", "POST", "PUT", "PATCH", "DELETE") or not path.startswith("/"):
+            raise ValueError("method must be '<HTTP verb> <path>' for a DiscordSender "
+                             "(e.g. 'POST /channels/123/messages'), got %r" % (method,))
+
+
+def bind_sender(name, sender):
+    """The function ``(sc, method, params, key) -> result`` for ``sender``."""
+    if callable(getattr(sender, "outbox_call", None)):
+        return _call_with_key(sender)
+    if _is_discord(sender):
+        return _call_discord(sender)
+    if callable(getattr(sender, "call", None)):
+        return _call_plain(sender)
+    raise TypeError("senders[%r] must have call(method, params, *, timeout) (TelegramSender) "
+                    "or outbox_call(sc, method, params, *, key), or be a DiscordSender; got %r"
+                    % (name, type(sender).__name__))
