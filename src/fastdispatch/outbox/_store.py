@@ -126,6 +126,12 @@ def _connect(path, durability):
         if "not a database" in text or "malformed" in text or "corrupt" in text:
             raise OutboxCorrupt("the outbox file %r is not a readable outbox database (%s); "
                                 "it was left as it is" % (path, text)) from exc
+        folder = os.path.dirname(os.path.abspath(path))
+        if "readonly" in text or not os.access(folder, os.W_OK) or (
+                os.path.exists(path) and not os.access(path, os.W_OK)):
+            raise OutboxError("the outbox file %r is read-only (or its folder is: SQLite "
+                              "writes a -wal file beside it); an outbox that cannot write "
+                              "could accept nothing" % (path,)) from exc
         raise OutboxError("cannot open the outbox file %r: %s" % (path, text)) from exc
     if meta.get("schema") != _SCHEMA_VERSION or not str(meta.get("next_id", "")).isdigit() \
             or not meta.get("instance"):
