@@ -183,6 +183,11 @@ class Outbox:
     def __repr__(self) -> str:
         return "Outbox(%r, durability=%r)" % (self.path, self.durability)
 
+    @property
+    def senders(self) -> Dict[str, Any]:
+        """The senders by name (a copy)."""
+        return dict(self._senders)
+
     # -- the public calls ----------------------------------------------------
 
     def send(self, chat_id: Hashable, method: str, params: Dict[str, Any], *,

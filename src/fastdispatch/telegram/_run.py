@@ -373,7 +373,8 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
                 health_port: Optional[int] = None, health_listen: str = "127.0.0.1",
                 metrics: Any = None, stop: Optional[threading.Event] = None,
                 handle_signals: bool = True,
-                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
+                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None,
+                outbox: Any = None) -> int:
     """Run a bot on ``getUpdates`` long polling until SIGTERM/SIGINT (or
     ``stop`` is set, or the poller stops by itself); return the exit status.
 
@@ -389,9 +390,15 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     collector whose text is appended).  ``on_shutdown(report)`` gets the
     :class:`ShutdownReport`.  Signal handlers are installed only when
     called from the main thread (``handle_signals=False``: none).
+    ``outbox``: a ``fastdispatch.outbox.Outbox`` holding ``sender``: the
+    replies are stored in it, and an update is confirmed once they are
+    durable (docs/outbox.md).
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
+    if outbox is not None:
+        from ..outbox._telegram import durable_sender
+        sender = durable_sender(outbox, sender)
     poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
                             allowed_updates=allowed_updates, on_conflict=on_conflict)
     stopper = _Stopper(stop, handle_signals)
@@ -437,7 +444,8 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
                 ssl_keyfile: Optional[str] = None, remember: int = 100_000,
                 remember_seconds: float = 600.0, stop: Optional[threading.Event] = None,
                 handle_signals: bool = True,
-                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
+                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None,
+                outbox: Any = None) -> int:
     """Serve Telegram's webhook until SIGTERM/SIGINT (or ``stop`` is set);
     return the exit status.
 
@@ -453,10 +461,14 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     again, to the next process), replies drain for up to ``drain_timeout``
     seconds, what was left is reported (:func:`drain_engine`), the server
     stops; ``deleteWebhook`` only with ``delete_webhook_on_exit`` (a
-    restart should keep receiving).
+    restart should keep receiving).  ``outbox``: as for :func:`run_polling`;
+    an update is answered 200 once its replies are durable.
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
+    if outbox is not None:
+        from ..outbox._telegram import durable_sender
+        sender = durable_sender(outbox, sender)
     if not isinstance(url_path, str) or not url_path.startswith("/"):
         raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
     if url_path in (health_path, metrics_path):
