@@ -305,8 +305,8 @@ class Outbox:
                         lane.waiting.append(row)
                     for row in event[1]:
                         self._pump(row.chat_id)
-                elif kind == "finished":
-                    self._finished(event[1], event[2])
+                elif kind == "stopped":
+                    self._stopped(event[1], event[2])
                 elif kind == "marked":
                     for row in event[1]:
                         self._lanes[row.chat_id].out -= 1
@@ -340,7 +340,7 @@ class Outbox:
                 continue
             lane.waiting.popleft()
             lane.out += 1
-            future.add_done_callback(lambda f, row=row: self._events.put(("finished", row, f)))
+            future.add_done_callback(lambda f, row=row: self._finished(row, f))
         if not lane.waiting and lane.out == 0:
             del self._lanes[chat_id]
 
@@ -357,6 +357,8 @@ class Outbox:
         return send_reply
 
     def _finished(self, row, future):
+        """The dispatcher's Future of ``row`` resolved (on the thread that
+        resolved it): mark the row, settle its ticket."""
         error = None if future.cancelled() else future.exception()
         if error is None and not future.cancelled():
             result = future.result()
@@ -365,14 +367,18 @@ class Outbox:
             else:
                 self._store.mark(row, None)
                 _settle(row.future, result)
-            return
-        if future.cancelled() or isinstance(error, (Cancelled, DispatcherClosed)):
+        elif future.cancelled() or isinstance(error, (Cancelled, DispatcherClosed)):
             # Stopped by the dispatcher's shutdown, not by the platform: the
             # row stays pending (sent at the next open), and so do the
-            # chat's later rows, behind it.
-            lane = self._lanes[row.chat_id]
-            lane.blocked = error or DispatcherClosed("the dispatcher cancelled the send")
-            self._left(row, lane.blocked)
-            return
-        self._store.mark(row, DEAD, "%s: %s" % (type(error).__name__, error))
-        _settle(row.future, error=error)
+            # chat's later rows, behind it: the feeder blocks the lane.
+            self._events.put(("stopped", row, error or DispatcherClosed(
+                "the dispatcher cancelled the send")))
+        else:
+            self._store.mark(row, DEAD, "%s: %s" % (type(error).__name__, error))
+            _settle(row.future, error=error)
+
+    def _stopped(self, row, error):
+        lane = self._lanes[row.chat_id]
+        if lane.blocked is None:
+            lane.blocked = error
+        self._left(row, lane.blocked)

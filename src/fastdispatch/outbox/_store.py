@@ -40,6 +40,7 @@ __all__ = ["Store", "OutboxError", "OutboxLocked", "OutboxCorrupt", "OutboxClose
 _log = logging.getLogger("fastdispatch.outbox")
 
 PENDING, DEAD, CANCELLED = 0, 2, 3
+_MARKS_DELAY = 0.002  # seconds marks alone wait for company before their commit
 _SCHEMA_VERSION = "1"
 
 
@@ -228,6 +229,10 @@ class Store:
             with self._lock:
                 while not self._batch.rows and not self._marks and not self._closing:
                     self._wake.wait()
+                if not self._batch.rows and not self._closing and len(self._marks) < 256:
+                    # Marks alone can wait a moment, to ride with the next
+                    # rows (a send notifies) or with more marks.
+                    self._wake.wait(_MARKS_DELAY)
                 batch, self._batch = self._batch, Batch()
                 marks, self._marks = self._marks, []
                 closing = self._closing
