@@ -32,6 +32,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import uuid
 
 __all__ = ["Store", "OutboxError", "OutboxLocked", "OutboxCorrupt", "OutboxClosed",
@@ -41,6 +42,7 @@ _log = logging.getLogger("fastdispatch.outbox")
 
 PENDING, DEAD, CANCELLED = 0, 2, 3
 _MARKS_DELAY = 0.002  # seconds marks alone wait for company before their commit
+_MAX_LINGER = 0.002  # the longest a batch waits for the callers of the last ones
 _SCHEMA_VERSION = "1"
 
 
@@ -79,10 +81,11 @@ class Batch:
     ``event`` is set once the transaction ended; ``error`` is then the
     ``OutboxError`` every caller of the batch raises, or None."""
 
-    __slots__ = ("rows", "event", "error")
+    __slots__ = ("rows", "threads", "event", "error")
 
     def __init__(self):
         self.rows = []
+        self.threads = set()  # the callers' thread idents
         self.event = threading.Event()
         self.error = None
 
@@ -168,8 +171,12 @@ class Store:
         self._marks = []
         self._closing = False
         self._thread = None
+        # Lingering (under _lock): the callers of the last two batches, and
+        # half the last commit's duration.  See _linger.
+        self._expected = 0
+        self._linger = 0.0
         self._conn_lock = threading.Lock()  # guards _conn: the writer's transactions, reads
-        self.commits = 0  # transactions committed (read by the tests and stats)
+        self.batches = 0  # group commits that stored rows (read by the tests)
 
     def load_pending(self):
         """Every PENDING row, oldest first: ``(id, chat, sender, method, params)``."""
@@ -198,7 +205,8 @@ class Store:
                 raise OutboxClosed("the outbox is closed")
             batch = self._batch
             batch.rows.append(row)
-            if len(batch.rows) == 1:
+            batch.threads.add(threading.get_ident())
+            if len(batch.rows) == 1 or len(batch.threads) == self._expected:
                 self._wake.notify()
         batch.event.wait()
         if batch.error is not None:
@@ -224,7 +232,29 @@ class Store:
 
     # -- the writer thread ----------------------------------------------------
 
+    def _linger_locked(self):
+        """Wait (a little) for the callers the last commit released.
+
+        N threads that each send again as soon as their commit returns
+        would otherwise split into two groups taking turns: while one
+        group's commit is being synced, the other's rows arrive and make
+        the next batch alone (N/2 rows per fsync).  So before a commit the
+        writer waits until every thread that sent in the last two batches
+        has a row in this one, at most half the last commit's duration
+        (and ``_MAX_LINGER``): a thread that does not send again costs
+        that wait once."""
+        batch = self._batch
+        if not batch.rows or self._closing or len(batch.threads) >= self._expected:
+            return
+        deadline = time.perf_counter() + self._linger
+        while len(batch.threads) < self._expected and not self._closing:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._wake.wait(remaining)
+
     def _run(self):
+        previous = set()
         while True:
             with self._lock:
                 while not self._batch.rows and not self._marks and not self._closing:
@@ -233,10 +263,12 @@ class Store:
                     # Marks alone can wait a moment, to ride with the next
                     # rows (a send notifies) or with more marks.
                     self._wake.wait(_MARKS_DELAY)
+                self._linger_locked()
                 batch, self._batch = self._batch, Batch()
                 marks, self._marks = self._marks, []
                 closing = self._closing
             if batch.rows or marks:
+                started = time.perf_counter()
                 try:
                     with self._conn_lock:
                         self._write(batch, marks)
@@ -245,6 +277,11 @@ class Store:
                     if batch.error is None:
                         batch.error = OutboxError("the outbox writer failed")
                 batch.event.set()
+                if batch.rows:
+                    with self._lock:
+                        self._expected = len(batch.threads | previous)
+                        self._linger = min(_MAX_LINGER, (time.perf_counter() - started) / 2)
+                    previous = batch.threads
             if closing:
                 with self._lock:
                     if not self._batch.rows and not self._marks:
@@ -297,8 +334,8 @@ class Store:
                     threading.Event().wait(0.05)
             return None
         self._next_id = first + len(rows)
-        self.commits += 1
         if rows:
+            self.batches += 1
             self._on_committed(rows)
         if marks:
             self._on_marked([m[0] for m in marks])
