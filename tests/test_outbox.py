@@ -200,6 +200,8 @@ def test_rows_not_sent_go_first_at_the_next_open(make_dispatcher, server, sender
     assert outbox.close(timeout=10)  # nothing left for this process to do
     with pytest.raises(OutboxClosed):
         outbox.send(3, "sendMessage", message(3, "late"))
+    with pytest.raises(OutboxClosed):
+        outbox.dead_letters()
     assert texts(server, 3) == []
 
     d = make_dispatcher()

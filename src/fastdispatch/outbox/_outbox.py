@@ -35,7 +35,7 @@ from typing import Any, Dict, Hashable, List, NamedTuple, Optional
 
 from .._errors import Cancelled, DispatcherClosed, QueueFull
 from ._senders import bind_sender, check_method
-from ._store import CANCELLED, DEAD, Store
+from ._store import CANCELLED, DEAD, OutboxClosed, Store
 
 __all__ = ["Outbox", "Ticket", "DeadLetter"]
 
@@ -196,6 +196,8 @@ class Outbox:
         chat's order.  Returns once the row is committed (``durability``);
         raises ``OutboxError`` if it could not be (nothing is then sent),
         ``TypeError``/``ValueError`` for bad arguments."""
+        if self._closed:
+            raise OutboxClosed("the outbox is closed")
         chat_id = _check_chat_id(chat_id)
         if not isinstance(method, str) or not method:
             raise TypeError("method must be a non-empty str, got %r" % (method,))

@@ -186,6 +186,8 @@ class Store:
 
     def dead_letters(self):
         with self._conn_lock:
+            if self._thread is not None and not self._thread.is_alive():
+                raise OutboxClosed("the outbox is closed")
             return self._conn.execute(
                 "SELECT id, chat, sender, method, params, error FROM outbox_rows "
                 "WHERE state = ? ORDER BY id", (DEAD,)).fetchall()
@@ -208,7 +210,10 @@ class Store:
             batch.threads.add(threading.get_ident())
             if len(batch.rows) == 1 or len(batch.threads) == self._expected:
                 self._wake.notify()
-        batch.event.wait()
+        while not batch.event.wait(1.0):
+            if not self._thread.is_alive():  # bounded: the writer cannot vanish unseen
+                raise OutboxError("the outbox's writer thread has stopped; the reply was not "
+                                  "stored")
         if batch.error is not None:
             raise batch.error
         return row
