@@ -372,3 +372,57 @@ def test_discord_sends_carry_the_row_key_as_nonce(make_dispatcher, db):
         assert srv.nonces == [(t.key, True) for t in tickets]
         assert all(len(t.key) <= 25 for t in tickets)  # Discord's limit for a nonce
         assert [m.content for m in srv.messages(channel)] == ["m0", "m1", "m2"]
+
+
+def test_a_hook_that_sends_through_the_outbox_does_not_stop_it(make_dispatcher, server,
+                                                                sender, db):
+    from fastdispatch import DispatcherHooks
+    box = {}
+    nested = []
+
+    def on_queued(chat_id, queue_len):
+        # Runs on the outbox's feeder thread (it submits): a send from
+        # here waits for a commit, which the writer thread makes alone.
+        if chat_id == 1:
+            nested.append(box["outbox"].send(2, "sendMessage", message(2, "from the hook")))
+
+    d = make_dispatcher(hooks=DispatcherHooks(on_queued=on_queued))
+    with Outbox(db, d, senders={"telegram": sender}, durability="normal") as outbox:
+        box["outbox"] = outbox
+        outbox.send(1, "sendMessage", message(1, "first")).future.result(timeout=10)
+        assert len(nested) == 1 and nested[0].future.result(timeout=10)
+        assert outbox.drain(timeout=10)
+    assert texts(server, 1) == ["first"] and texts(server, 2) == ["from the hook"]
+
+
+class _Panicking:
+    """A sender whose first call raises a BaseException (a panic)."""
+
+    def __init__(self, sender):
+        self.sender = sender
+        self.calls = 0
+
+    def call(self, method, params, *, timeout=None):
+        self.calls += 1
+        if self.calls == 1:
+            raise KeyboardInterrupt("hostile sender")
+        return self.sender.call(method, params, timeout=timeout)
+
+
+def test_a_panicking_sender_makes_a_dead_letter_and_the_outbox_goes_on(make_dispatcher,
+                                                                        server, sender, db):
+    from fastdispatch import TaskDiscarded
+    recovered = []
+    d = make_dispatcher(recover=recovered.append)
+    with Outbox(db, d, senders={"telegram": _Panicking(sender)},
+                durability="normal") as outbox:
+        first = outbox.send(6, "sendMessage", message(6, "panics"))
+        with pytest.raises(TaskDiscarded):
+            first.future.result(timeout=10)
+        later = outbox.send(6, "sendMessage", message(6, "later"))
+        later.future.result(timeout=10)
+        assert outbox.drain(timeout=10)
+        assert [x.id for x in outbox.dead_letters()] == [first.id]
+        assert "TaskDiscarded" in outbox.dead_letters()[0].error
+    assert texts(server, 6) == ["later"]
+    assert len(recovered) == 1 and isinstance(recovered[0], KeyboardInterrupt)
