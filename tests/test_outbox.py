@@ -426,3 +426,16 @@ def test_a_panicking_sender_makes_a_dead_letter_and_the_outbox_goes_on(make_disp
         assert "TaskDiscarded" in outbox.dead_letters()[0].error
     assert texts(server, 6) == ["later"]
     assert len(recovered) == 1 and isinstance(recovered[0], KeyboardInterrupt)
+
+
+def test_a_full_chat_queue_holds_rows_back_in_order(make_dispatcher, server, sender, db):
+    # queue_size=1: the dispatcher refuses (QueueFull) most of the window;
+    # the outbox keeps those rows and hands them over as room frees.
+    d = make_dispatcher(queue_size=1)
+    server.latency = 0.005
+    with Outbox(db, d, senders={"telegram": sender}, durability="normal") as outbox:
+        tickets = [outbox.send(8, "sendMessage", message(8, str(i))) for i in range(40)]
+        for t in tickets:
+            t.future.result(timeout=30)
+        assert outbox.drain(timeout=30)
+    assert texts(server, 8) == [str(i) for i in range(40)]
