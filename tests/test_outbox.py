@@ -167,9 +167,12 @@ def test_failed_for_good_is_a_dead_letter(make_dispatcher, server, sender, db):
     assert dead.id == bad.id and dead.chat_id == 5 and dead.params == {"chat_id": 5}
     assert dead.sender == "telegram" and "PlatformError" in dead.error
     assert texts(server, 5) == ["after"]
-    # Kept across a restart, and never sent again.
+    # Kept across a restart, and never sent again, until cleared.
     with Outbox(db, d, senders={"telegram": sender}) as outbox:
         assert outbox.restored == 0 and [x.id for x in outbox.dead_letters()] == [bad.id]
+        assert outbox.clear_dead_letters([good.id]) == 0  # sent: not a dead letter
+        assert outbox.clear_dead_letters() == 1
+        assert outbox.dead_letters() == []
 
 
 def test_cancelled_before_it_started_is_skipped(make_dispatcher, server, sender, db):

@@ -227,6 +227,18 @@ class Outbox:
         return [DeadLetter(row_id, chat, sender, method, json.loads(params), error)
                 for row_id, chat, sender, method, params, error in self._store.dead_letters()]
 
+    def clear_dead_letters(self, ids: Optional[List[int]] = None) -> int:
+        """Delete dead letters from the file: those whose ``id`` is in
+        ``ids``, or all of them (and the cancelled replies with them);
+        returns how many dead letters went.  The file keeps both until
+        then."""
+        if ids is not None:
+            ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
+            return self._store.clear((DEAD,), ids)
+        count = self._store.clear((DEAD,))
+        self._store.clear((CANCELLED,))
+        return count
+
     def pending(self) -> int:
         """Replies accepted (or restored at open) whose outcome is not yet durable."""
         with self._idle:

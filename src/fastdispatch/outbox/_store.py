@@ -192,6 +192,23 @@ class Store:
                 "SELECT id, chat, sender, method, params, error FROM outbox_rows "
                 "WHERE state = ? ORDER BY id", (DEAD,)).fetchall()
 
+    def clear(self, states, ids=None):
+        """Delete the rows in ``states`` (all, or those of ``ids``); their count."""
+        marks = ",".join("?" * len(states))
+        with self._conn_lock:
+            if self._thread is not None and not self._thread.is_alive():
+                raise OutboxClosed("the outbox is closed")
+            if ids is None:
+                cursor = self._conn.execute(
+                    "DELETE FROM outbox_rows WHERE state IN (%s)" % marks, tuple(states))
+                return cursor.rowcount
+            count = 0
+            for row_id in ids:
+                count += self._conn.execute(
+                    "DELETE FROM outbox_rows WHERE id = ? AND state IN (%s)" % marks,
+                    (row_id,) + tuple(states)).rowcount
+            return count
+
     def start(self):
         self._thread = threading.Thread(target=self._run, name="fastdispatch-outbox-writer",
                                         daemon=True)
