@@ -155,8 +155,11 @@ class Outbox:
         self._events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._lanes: Dict[Any, _Lane] = {}  # the feeder thread's alone
         self._stalled: Dict[Any, _Lane] = {}  # lanes whose chat queue was full
-        # _idle guards _unfinished: rows accepted (or restored) whose mark
-        # is not yet durable; drain() waits on it.
+        # _idle guards _unfinished (rows accepted or restored whose outcome
+        # is not yet durable; drain() waits on it) and _closed (set once by
+        # close(); send() reads it unlocked: a send racing close() is
+        # either refused or stored, and a stored row is sent at the next
+        # open at the latest).
         self._idle = threading.Condition(threading.Lock())
         self._unfinished = 0
         self._closed = False
