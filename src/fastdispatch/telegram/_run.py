@@ -390,13 +390,10 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     collector whose text is appended).  ``on_shutdown(report)`` gets the
     :class:`ShutdownReport`.  Signal handlers are installed only when
     called from the main thread (``handle_signals=False``: none).
-    ``outbox``: a ``fastdispatch.outbox.Outbox`` holding ``sender``: the
-    replies are stored in it, and an update is confirmed once they are
-    durable (docs/outbox.md).
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
-    if outbox is not None:
+    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
         from ..outbox._telegram import durable_sender
         sender = durable_sender(outbox, sender)
     poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
@@ -461,12 +458,11 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     again, to the next process), replies drain for up to ``drain_timeout``
     seconds, what was left is reported (:func:`drain_engine`), the server
     stops; ``deleteWebhook`` only with ``delete_webhook_on_exit`` (a
-    restart should keep receiving).  ``outbox``: as for :func:`run_polling`;
-    an update is answered 200 once its replies are durable.
+    restart should keep receiving).
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
-    if outbox is not None:
+    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
         from ..outbox._telegram import durable_sender
         sender = durable_sender(outbox, sender)
     if not isinstance(url_path, str) or not url_path.startswith("/"):
