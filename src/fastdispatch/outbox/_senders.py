@@ -6,9 +6,13 @@ string that stays the same every time the row is sent, across restarts
 
 - One with ``outbox_call(sc, method, params, *, key)``: the outbox hands it
   the key and it uses the platform's own idempotency field.  This is the
-  protocol a new platform's sender implements (the QQ API deduplicates a
-  passive reply by ``msg_id`` + ``msg_seq``: such a sender derives a stable
-  ``msg_seq`` from the key's row id, ``int(key.rsplit("-", 1)[1])``).
+  protocol a new platform's sender implements.  Where the platform's key is
+  not free-form, it belongs in ``params``, fixed when the reply is made:
+  QQ deduplicates a passive reply by ``msg_id`` + ``msg_seq``, and
+  ``msg_seq`` must be 1-5 per ``msg_id``, so the code that makes the reply
+  puts the ``msg_seq`` it assigned into ``params`` before ``send``; the
+  row replays it unchanged at every attempt and after a restart, and QQ
+  answers a repeat "already delivered".
 - ``DiscordSender``: ``method`` is ``"<HTTP verb> <path>"`` (``"POST
   /channels/123/messages"``); a Create Message gets ``nonce`` = the key and
   ``enforce_nonce: true`` unless ``params`` has a nonce, so Discord drops a
