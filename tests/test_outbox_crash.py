@@ -31,6 +31,8 @@ import pytest
 
 from fastdispatch.testing import FakeTelegramServer
 
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and SIGTERM: POSIX")
+
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "outbox_crash_child.py")
 TOKEN = "123456:SECRET-token_value"
 THREADS = 8

@@ -15,7 +15,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fastdispatch.testing import FakeTelegramServer
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and SIGTERM: POSIX")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOT = os.path.join(HERE, "outbox_bot_process.py")
