@@ -44,6 +44,13 @@ def db(tmp_path):
     return str(tmp_path / "replies.db")
 
 
+class _Silent:
+    """A sender for outboxes that send nothing (their dispatcher is closed)."""
+
+    def call(self, method, params, *, timeout=None):
+        return None
+
+
 def texts(server, chat_id):
     return [m.text for m in server.messages(chat_id)]
 
@@ -257,6 +264,48 @@ def test_a_full_database_raises_at_send_and_loses_nothing_accepted(make_dispatch
         assert outbox.drain(timeout=20)
     got = texts(server, 4)
     assert got == [t.future.result()["text"] for t in accepted] + ["after"]
+
+
+_FILE_SIZE_CHILD = """
+import json, os, resource, signal, sys
+from fastdispatch import OutboundDispatcher
+from fastdispatch.outbox import Outbox, OutboxError
+path = sys.argv[1]
+d = OutboundDispatcher()
+d.shutdown()  # nothing is sent: every accepted row stays in the file
+outbox = Outbox(path, d, senders={"s": type("S", (), {"call": lambda *a, **k: None})()})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+largest = max(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+resource.setrlimit(resource.RLIMIT_FSIZE, (largest + 200000, resource.RLIM_INFINITY))
+accepted, error = 0, None
+for i in range(10000):
+    try:
+        outbox.send(1, "sendMessage", {"text": "x" * 1000, "i": i})
+    except OutboxError as exc:
+        error = str(exc)
+        break
+    accepted += 1
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+outbox.send(1, "sendMessage", {"text": "after", "i": -1})  # room again: accepted
+outbox.close(timeout=10)
+print(json.dumps({"accepted": accepted + 1, "error": error}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "setuid"), reason="POSIX resource limits")
+def test_a_real_write_error_raises_at_send_and_loses_nothing_accepted(make_dispatcher, db):
+    # RLIMIT_FSIZE: the kernel refuses writes past a size, as a full disk
+    # refuses them, without root.  In a child: the limit is the process's.
+    out = subprocess.run([sys.executable, "-c", _FILE_SIZE_CHILD, db], capture_output=True,
+                         text=True, timeout=60, env=_child_env())
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["error"] and "not stored" in result["error"]
+    assert result["accepted"] > 1
+    closed = make_dispatcher()
+    closed.shutdown()
+    with Outbox(db, closed, senders={"s": _Silent()}) as outbox:
+        assert outbox.restored == result["accepted"]  # every accepted row, and no other
 
 
 @pytest.mark.skipif(not hasattr(os, "setuid"), reason="POSIX users")
