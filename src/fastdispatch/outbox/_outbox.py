@@ -34,7 +34,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, Dict, Hashable, List, NamedTuple, Optional
 
 from .._errors import Cancelled, DispatcherClosed, QueueFull
-from ._senders import bind_sender, check_method
+from ._senders import bind_sender
 from ._store import CANCELLED, DEAD, OutboxClosed, Store
 
 __all__ = ["Outbox", "Ticket", "DeadLetter"]
@@ -150,7 +150,9 @@ class Outbox:
         self.durability = durability
         self.window = window
         self._senders = dict(senders)
-        self._calls = {name: bind_sender(name, s) for name, s in senders.items()}
+        bound = {name: bind_sender(name, s) for name, s in senders.items()}
+        self._calls = {name: b[0] for name, b in bound.items()}
+        self._checks = {name: b[1] for name, b in bound.items()}
         self._only_sender = next(iter(senders)) if len(senders) == 1 else None
         self._events: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._lanes: Dict[Any, _Lane] = {}  # the feeder thread's alone
@@ -212,7 +214,7 @@ class Outbox:
         elif sender not in self._calls:
             raise ValueError("sender must be one of %s, got %r"
                              % (", ".join(map(repr, sorted(self._senders))), sender))
-        check_method(self._senders[sender], method)
+        self._checks[sender](method)
         if not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object), got %r"
                             % (type(params).__name__,))

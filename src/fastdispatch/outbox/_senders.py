@@ -61,23 +61,26 @@ def _call_discord(sender):
     return call
 
 
-def check_method(sender, method):
-    """Raise ValueError if ``sender`` cannot take ``method``."""
-    if _is_discord(sender):
-        verb, _, path = method.partition(" ")
-        if verb not in ("GET", "POST", "PUT", "PATCH", "DELETE") or not path.startswith("/"):
-            raise ValueError("method must be '<HTTP verb> <path>' for a DiscordSender "
-                             "(e.g. 'POST /channels/123/messages'), got %r" % (method,))
+def _check_http_method(method):
+    verb, _, path = method.partition(" ")
+    if verb not in ("GET", "POST", "PUT", "PATCH", "DELETE") or not path.startswith("/"):
+        raise ValueError("method must be '<HTTP verb> <path>' for a DiscordSender "
+                         "(e.g. 'POST /channels/123/messages'), got %r" % (method,))
+
+
+def _any_method(method):
+    pass
 
 
 def bind_sender(name, sender):
-    """The function ``(sc, method, params, key) -> result`` for ``sender``."""
+    """``(call, check)`` for ``sender``: ``call(sc, method, params, key)``
+    sends; ``check(method)`` raises ValueError for a method it cannot take."""
     if callable(getattr(sender, "outbox_call", None)):
-        return _call_with_key(sender)
+        return _call_with_key(sender), _any_method
     if _is_discord(sender):
-        return _call_discord(sender)
+        return _call_discord(sender), _check_http_method
     if callable(getattr(sender, "call", None)):
-        return _call_plain(sender)
+        return _call_plain(sender), _any_method
     raise TypeError("senders[%r] must have call(method, params, *, timeout) (TelegramSender) "
                     "or outbox_call(sc, method, params, *, key), or be a DiscordSender; got %r"
                     % (name, type(sender).__name__))
