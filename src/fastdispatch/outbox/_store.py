@@ -175,6 +175,8 @@ class Store:
         # half the last commit's duration.  See _linger.
         self._expected = 0
         self._linger = 0.0
+        self._writing = False  # (under _lock) a commit is being written
+        self.solo = True  # a lone caller may commit in its own thread (commit)
         self._conn_lock = threading.Lock()  # guards _conn: the writer's transactions, reads
         self.batches = 0  # group commits that stored rows (read by the tests)
 
@@ -222,15 +224,45 @@ class Store:
         with self._lock:
             if self._closing:
                 raise OutboxClosed("the outbox is closed")
-            batch = self._batch
-            batch.rows.append(row)
-            batch.threads.add(threading.get_ident())
-            if len(batch.rows) == 1 or len(batch.threads) == self._expected:
-                self._wake.notify()
+            if self.solo and not self._writing and not self._batch.rows \
+                    and self._expected <= 1:
+                # Alone: nothing being written, nobody waiting, no group
+                # lately.  Commit here rather than wake the writer and be
+                # woken by it (two thread switches per send).
+                self._writing = True
+                marks, self._marks = self._marks, []
+                batch = None
+            else:
+                batch = self._batch
+                batch.rows.append(row)
+                batch.threads.add(threading.get_ident())
+                if len(batch.rows) == 1 or len(batch.threads) == self._expected:
+                    self._wake.notify()
+        if batch is None:
+            return self._commit_alone(row, marks)
         while not batch.event.wait(1.0):
             if not self._thread.is_alive():  # bounded: the writer cannot vanish unseen
                 raise OutboxError("the outbox's writer thread has stopped; the reply was not "
                                   "stored")
+        if batch.error is not None:
+            raise batch.error
+        return row
+
+    def _commit_alone(self, row, marks):
+        batch = Batch()
+        batch.rows.append(row)
+        try:
+            with self._conn_lock:
+                self._write(batch, marks)
+        except BaseException:
+            _log.exception("the outbox failed to write")
+            if batch.error is None:
+                batch.error = OutboxError("the outbox failed to write; the reply was not stored")
+        finally:
+            with self._lock:
+                self._writing = False
+                if self._batch.rows or self._marks or self._closing:
+                    self._wake.notify()
         if batch.error is not None:
             raise batch.error
         return row
@@ -250,7 +282,8 @@ class Store:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
-        self._conn.close()
+        with self._conn_lock:  # after a lone caller's commit still being written
+            self._conn.close()
 
     # -- the writer thread ----------------------------------------------------
 
@@ -289,6 +322,7 @@ class Store:
                 batch, self._batch = self._batch, Batch()
                 marks, self._marks = self._marks, []
                 closing = self._closing
+                self._writing = True
             if batch.rows or marks:
                 started = time.perf_counter()
                 try:
@@ -299,11 +333,16 @@ class Store:
                     if batch.error is None:
                         batch.error = OutboxError("the outbox writer failed")
                 batch.event.set()
-                if batch.rows:
-                    with self._lock:
+                with self._lock:
+                    self._writing = False
+                    if batch.rows:
                         self._expected = len(batch.threads | previous)
                         self._linger = min(_MAX_LINGER, (time.perf_counter() - started) / 2)
+                if batch.rows:
                     previous = batch.threads
+            else:
+                with self._lock:
+                    self._writing = False
             if closing:
                 with self._lock:
                     if not self._batch.rows and not self._marks:
