@@ -850,6 +850,9 @@ class WebhookApp:
                           "delivers it again)", update_id)
             elif outcome is not None:
                 outcome.add_done_callback(lambda o, uid=update_id: self._settled(uid, o))
+                confirm = getattr(self.sender, "confirm_durable", None)  # with an outbox
+                if confirm is not None and not confirm(outcome):
+                    status = 503  # its replies are not durable: Telegram delivers it again
         finally:
             with self._lock:
                 if status == 200:

@@ -281,7 +281,8 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
                 metrics: Any = None, request_timeout: float = 10.0,
                 max_pending: Optional[int] = DEFAULT_MAX_PENDING,
                 stop: Optional[threading.Event] = None, handle_signals: bool = True,
-                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
+                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None,
+                outbox: Any = None) -> int:
     """Run a bot on ``getUpdates`` long polling until SIGTERM/SIGINT (or
     ``stop`` is set, or the poller stops by itself); return the exit status.
 
@@ -305,6 +306,9 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
+    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
+        from ..outbox._telegram import durable_sender
+        sender = durable_sender(outbox, sender)
     poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
                             allowed_updates=allowed_updates, on_conflict=on_conflict,
                             max_pending=max_pending)
@@ -354,7 +358,8 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
                 request_timeout: float = 10.0, max_header_bytes: int = 16 << 10,
                 max_pending: Optional[int] = DEFAULT_MAX_PENDING,
                 stop: Optional[threading.Event] = None, handle_signals: bool = True,
-                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None) -> int:
+                on_shutdown: Optional[Callable[[ShutdownReport], Any]] = None,
+                outbox: Any = None) -> int:
     """Serve Telegram's webhook until SIGTERM/SIGINT (or ``stop`` is set);
     return the exit status.
 
@@ -383,6 +388,9 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
+    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
+        from ..outbox._telegram import durable_sender
+        sender = durable_sender(outbox, sender)
     if not isinstance(url_path, str) or not url_path.startswith("/"):
         raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
     if health_port is None and url_path in (health_path, metrics_path):
