@@ -302,7 +302,10 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     ``on_shutdown(report)`` gets the :class:`ShutdownReport`.  Signal
     handlers are installed only when called from the main thread
     (``handle_signals=False``: none).  Without any logging configured,
-    the address and the report go to stderr.
+    the address and the report go to stderr.  ``outbox``: a
+    :class:`fastdispatch.outbox.Outbox`; the replies are stored in it
+    first, and an update is confirmed only once its replies are on disk
+    (a crash loses none of them: the next run sends them).
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
@@ -385,6 +388,10 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     (:func:`drain_engine`), the server stops; ``deleteWebhook`` only with
     ``delete_webhook_on_exit`` (a restart should keep receiving).  Without
     any logging configured, the address and the report go to stderr.
+    ``outbox``: a :class:`fastdispatch.outbox.Outbox`; the replies are
+    stored in it first, and an update is answered 200 only once its
+    replies are on disk (a crash loses none of them: the next run sends
+    them).
     """
     _check_parts(engine, sender)
     drain_timeout = _check_drain_timeout(drain_timeout)
