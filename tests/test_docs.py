@@ -141,7 +141,9 @@ def test_a_page_added_to_docs_is_run_and_a_broken_block_fails(tmp_path):
 
 # The extra a module of the package needs beyond fastdispatch itself.
 EXTRA_OF = {"fastdispatch.telegram": "telegram", "fastdispatch.discord": "discord",
-            "fastdispatch.cluster": "cluster", "fastdispatch.metrics": "prometheus"}
+            "fastdispatch.cluster": "cluster", "fastdispatch.metrics": "prometheus",
+            "fastdispatch.onebot": "onebot", "fastdispatch.qq": "qq",
+            "fastdispatch.integrations.nonebot": "nonebot"}
 PY_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```", re.M | re.S)
 
 

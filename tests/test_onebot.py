@@ -250,7 +250,8 @@ def test_command_line_serves_both_fakes():
             body = {"group_id": 1, "user_id": 2, "text": "hi"} if flag == "--onebot" \
                 else {"openid": "U", "text": "hi"}
             request = urllib.request.Request(control + "/" + action,
-                                             data=json.dumps(body).encode(), method="POST")
+                                             data=json.dumps(body).encode(), method="POST",
+                                             headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=10) as answer:
                 assert json.load(answer)["ok"] is True
         finally:

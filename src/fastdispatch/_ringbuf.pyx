@@ -2233,8 +2233,8 @@ cdef class DispatcherCore:
         seconds (None: no limit), then ``QueueFull``.  ``QueueFull`` at
         once if ``max_waiting`` callers already wait, or if the wait could
         never end (the caller is the chat's own running task; see
-        ``docs/dispatcher.md``); ``DispatcherClosed`` if ``close()`` comes
-        first.
+        https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md#waiting-for-room);
+        ``DispatcherClosed`` if ``close()`` comes first.
         """
         if not callable(task):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
