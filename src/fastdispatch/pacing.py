@@ -209,7 +209,7 @@ class Pacing:
         bans one that sends too fast.  The numbers are go-cqhttp's own
         limiter: its ``rate-limit`` default of one token a second with a
         bucket of one, and the 500 ms queue of its ``_rate_limited``
-        actions (the sources are listed in docs/onebot.md).
+        actions (the sources are listed in https://github.com/fastdispatch/fastdispatch/blob/main/docs/onebot.md).
         """
         return cls(global_limit=RateLimit(2, per=1.0), chat_limit=RateLimit(1, per=1.0))
 
