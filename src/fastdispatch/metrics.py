@@ -97,7 +97,7 @@ __all__ = [
     "RETRY_CAUSES",
 ]
 
-#: Upper bounds (seconds) of the latency histograms' buckets: a send to a
+#: Upper bounds of the latency histograms' buckets, in seconds: a send to a
 #: chat API takes milliseconds, a paced or rate-limited chat waits seconds,
 #: ``send_timeout`` defaults to 30 s; a minute covers them all.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,

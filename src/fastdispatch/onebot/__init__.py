@@ -7,17 +7,15 @@ WebSocket client, ``websockets``); :func:`chat_of` says which chat a call is
 made for, the key to give the dispatcher; ``Pacing.onebot()`` is the pacing
 to use.  What each answer becomes:
 
-- ``retcode`` 0                    -> the answer's ``data``
-- ``retcode`` 1 (queued)           -> None
-- any other ``retcode``, HTTP 4xx/5xx -> :class:`OneBotError` (a
-                                      ``PlatformError`` with ``.retcode``;
-                                      never retried)
-- no answer by the deadline, or the
-  connection lost while waiting   -> :class:`OutcomeUnknown` (a
-                                      ``SendTimeout``: never retried, the
-                                      message may have gone out)
-- the connection could not be opened -> :class:`OneBotNetworkError` (a
-                                      ``ConnectionError``: retried)
+- ``retcode`` 0: the answer's ``data``;
+- ``retcode`` 1 (queued): None;
+- any other ``retcode``, HTTP 4xx/5xx: :class:`OneBotError` (a
+  ``PlatformError`` with ``.retcode``; never retried);
+- no answer by the deadline, or the connection lost while waiting:
+  :class:`OutcomeUnknown` (a ``SendTimeout``: never retried, the message
+  may have gone out);
+- the connection could not be opened: :class:`OneBotNetworkError` (a
+  ``ConnectionError``: retried).
 
 Why ``websockets`` (its threaded client, ``websockets.sync``): measured
 against websocket-client by ``bench/onebot_ws_clients.py --instructions``,
