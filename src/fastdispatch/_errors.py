@@ -146,3 +146,39 @@ def _task_call_error(chat_id, exc):
         "; calling it raised: %s" % (_safe_repr(chat_id), exc))
     error.__cause__ = exc
     return error
+
+
+# Why a caller that asked to wait for room may not (the cores' _NO_ROOM_*
+# codes, the same in both).
+NO_ROOM_MAX, NO_ROOM_SELF, NO_ROOM_SLOTS, NO_ROOM_CYCLE = 1, 2, 3, 4
+
+
+def _no_room(chat_id, capacity, why, max_waiting):
+    """The QueueFull of a caller that asked to wait for room and may not."""
+    chat = _safe_repr(chat_id)
+    if why == NO_ROOM_SELF:
+        return QueueFull(
+            "chat %s is full and this call comes from inside its own running task: "
+            "waiting for room would wait for itself (room is made only when that "
+            "task ends)" % (chat,))
+    if why == NO_ROOM_SLOTS:
+        return QueueFull(
+            "chat %s is full, and waiting for room from inside a running task would "
+            "leave every max_inflight slot held by a task that waits: nothing could "
+            "start to make room" % (chat,))
+    if why == NO_ROOM_CYCLE:
+        return QueueFull(
+            "chat %s is full, and its running task waits (directly or through other "
+            "chats) for room in the chat of the task making this call: waiting would "
+            "never end" % (chat,))
+    return QueueFull("chat %s already has %d waiting tasks and %d callers wait for room "
+                     "(max_waiting)" % (chat, capacity, max_waiting))
+
+
+def _wait_ended(chat_id, closed, timeout):
+    """What a caller that waited for room and was not let in gets."""
+    if closed:
+        return DispatcherClosed("the dispatcher was closed while this call waited for "
+                                "room in chat %s" % (_safe_repr(chat_id),))
+    return QueueFull("chat %s had no room within the %gs timeout"
+                     % (_safe_repr(chat_id), timeout))

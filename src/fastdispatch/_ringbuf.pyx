@@ -52,7 +52,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 from ._errors import (
     Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
-from ._errors import _safe_repr, _task_call_error
+from ._errors import _no_room, _safe_repr, _task_call_error, _wait_ended
 from ._types import DispatchInfo, Future, _checked_wait
 from .pacing import RateLimit
 
@@ -339,7 +339,8 @@ cdef enum:
     _W_ADMITTED = 1
     _W_CLOSED = 2
     _W_GONE = 3
-    # Why a caller that asked to wait may not (_add_waiter_locked).
+    # Why a caller that asked to wait may not (_add_waiter_locked; _errors._no_room
+    # says it with the same codes).
     _NO_ROOM_MAX = 1
     _NO_ROOM_SELF = 2
     _NO_ROOM_SLOTS = 3
@@ -1107,28 +1108,6 @@ def _call_in_context(SendContext item):
     # task there, then call it.
     _current_task.set(item)
     return item._fn(item)
-
-
-def _no_room(chat_id, capacity, int why, max_waiting):
-    # The QueueFull of a caller that asked to wait and may not.
-    chat = _safe_repr(chat_id)
-    if why == _NO_ROOM_SELF:
-        return QueueFull(
-            "chat %s is full and this call comes from inside its own running task: "
-            "waiting for room would wait for itself (room is made only when that "
-            "task ends)" % (chat,))
-    if why == _NO_ROOM_SLOTS:
-        return QueueFull(
-            "chat %s is full, and waiting for room from inside a running task would "
-            "leave every max_inflight slot held by a task that waits: nothing could "
-            "start to make room" % (chat,))
-    if why == _NO_ROOM_CYCLE:
-        return QueueFull(
-            "chat %s is full, and its running task waits (directly or through other "
-            "chats) for room in the chat of the task making this call: waiting would "
-            "never end" % (chat,))
-    return QueueFull("chat %s already has %d waiting tasks and %d callers wait for room "
-                     "(max_waiting)" % (chat, capacity, max_waiting))
 
 
 # The largest budget kept: more than any platform announces, far from overflow.
@@ -2623,13 +2602,7 @@ cdef class DispatcherCore:
             return False
         chat_id = item.chat_id
         item._fn = item._future = None
-        if state == _W_CLOSED:
-            exc = DispatcherClosed("the dispatcher was closed while this call waited for "
-                                   "room in chat %s" % (_safe_repr(chat_id),))
-        else:
-            exc = QueueFull("chat %s had no room within the %gs timeout"
-                            % (_safe_repr(chat_id), timeout))
-        self._reject(chat_id, exc, True)
+        self._reject(chat_id, _wait_ended(chat_id, state == _W_CLOSED, timeout), True)
 
     # ------------------------------------------------ the running task's chat
 
