@@ -159,7 +159,7 @@ class ChatQueue(RingBuffer):
     __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
                  "not_before", "granted", "waited", "window", "reserved",
                  "stamped", "last_start", "elsewhere", "core_ref", "lkey", "lres",
-                 "waiters", "woken", "blocked_on")
+                 "waiters", "woken", "blocked_on", "slot_held")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -210,6 +210,9 @@ class ChatQueue(RingBuffer):
         # The chats this chat's running task waits for room in (a list;
         # under the core's _wait_lock), or None.
         self.blocked_on = None
+        # Its owner goes on with it holding the max_inflight slot of the
+        # coroutine task that just ended (see DispatcherCore._aio_done).
+        self.slot_held = False
 
 
 class _Window:
@@ -1909,7 +1912,9 @@ class DispatcherCore:
         # the chat is empty, parked, handed to where its next task runs, or
         # left to a coroutine task whose end will go on with it.
         while True:
-            if not self._take_slot(q):
+            if q.slot_held:
+                q.slot_held = False
+            elif not self._take_slot(q):
                 return  # waits for a slot: a task's end hands it one
             if self._limited or q.not_before or self._limiter.pause_until:
                 item = self._next_paced(q, here)
@@ -2146,8 +2151,13 @@ class DispatcherCore:
             elif not isinstance(error, Exception):
                 panic = error
         ran = self._end(item, q, result, error, panic, cancelled)
-        self._release_slot()
-        if ran != _PANICKED:
+        if ran == _PANICKED:
+            self._release_slot()
+        else:
+            # The chat goes on with the slot its ended task held: giving it
+            # back here would wake a chat waiting for one, only for this
+            # chat to take it again first (and that chat to wait again).
+            q.slot_held = True
             self._drain_chat(q, loop)
 
     def _end_on_closed_loop(self, item):

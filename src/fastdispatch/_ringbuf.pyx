@@ -700,6 +700,9 @@ cdef class ChatQueue(RingBuffer):
     # The chats this chat's running task waits for room in, or None (under
     # the core's _wait_lock).
     cdef list _blocked_on
+    # Its owner goes on with it holding the max_inflight slot of the
+    # coroutine task that just ended (see DispatcherCore._aio_done).
+    cdef bint _slot_held
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -2877,7 +2880,9 @@ cdef class DispatcherCore:
         cdef bint rotate
         cdef int ran
         while True:
-            if not self._take_slot(q):
+            if q._slot_held:
+                q._slot_held = False
+            elif not self._take_slot(q):
                 return 0  # waits for a slot: a task's end hands it one
             if (self._limited or q._not_before != 0.0
                     or self._limiter._pause_until != 0.0):
@@ -3140,8 +3145,13 @@ cdef class DispatcherCore:
             elif not isinstance(error, Exception):
                 panic = error
         ran = self._end(item, q, result, error, panic, cancelled, False, None)
-        self._release_slot()
-        if ran != _PANICKED:
+        if ran == _PANICKED:
+            self._release_slot()
+        else:
+            # The chat goes on with the slot its ended task held: giving it
+            # back here would wake a chat waiting for one, only for this
+            # chat to take it again first (and that chat to wait again).
+            q._slot_held = True
             self._drain_chat(q, loop, None)
 
     cdef int _end_on_closed_loop(self, SendContext item) except -1:
