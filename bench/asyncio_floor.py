@@ -15,6 +15,7 @@ floor.  Scenarios:
     python bench/asyncio_floor.py                  # everything, 7 rounds
     python bench/asyncio_floor.py --only inflight  # the two max_inflight rows
     python bench/asyncio_floor.py --only sweep --contenders asubmit,lock+semaphore
+    python bench/asyncio_floor.py --only sweep --chats 100000 --rounds 3
 """
 
 import argparse
@@ -30,6 +31,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", choices=("inflight", "sweep"))
+    parser.add_argument("--chats", default="",
+                        help="comma-separated: only the sweep's rows with these numbers of chats")
     parser.add_argument("--contenders", default=",".join(CONTENDERS),
                         help="comma-separated (the floor is always measured)")
     args = parser.parse_args(argv)
@@ -44,6 +47,9 @@ def main(argv=None):
     for key in ("inflight", "sweep"):
         if args.only in (None, key):
             plan.extend(s for s in scenarios[key] if s not in plan)
+    if args.chats:
+        only = {int(n) for n in args.chats.split(",")}
+        plan = [s for s in plan if s[0] in only]
     per_chats = {}
     for chats, per_chat, max_inflight in plan:
         print("\n%d chats x %d tasks, max_inflight %d (%d rounds; us of CPU per task)"
