@@ -21,9 +21,10 @@ NOISE_NOTE = """\
 Each ratio is the median of same-round ratios (both sides measured in the
 same round, so a busy machine slows both); every run made is counted (%d
 here, --runs), none is measured again or picked: "met (2 of 3 runs)" says
-how many runs' medians met the target.  Steadier figures: the pytest-benchmark suite (more rounds: python -m
-pytest --pyargs fastdispatch.bench.suite --benchmark-only) and, in the
-repository, bench/instructions.py (instruction counts, no timing noise)."""
+how many runs' medians met the target.  Steadier figures: the
+pytest-benchmark suite (more rounds: python -m pytest --pyargs
+fastdispatch.bench.suite --benchmark-only) and, in the repository,
+bench/instructions.py (instruction counts, no timing noise)."""
 
 
 def _progress_printer():
