@@ -246,7 +246,7 @@ def run(quick, progress):
         for name, (us, ratio, ratios) in summarize(runs).items():
             aim = target if name == "asubmit" else (1.5 if name == "asubmit (twin)" else None)
             rows.append((label, name, "%.2f" % us,
-                         "%.2f  (runs: %s)" % (ratio, " ".join("%.2f" % r for r in ratios)),
+                         "%.2f  (rounds: %s)" % (ratio, " ".join("%.2f" % r for r in ratios)),
                          "<= %.1f" % aim if aim else "(info)",
                          ("met" if ratio <= aim else "MISSED") if aim else "(info)"))
             label = ""
