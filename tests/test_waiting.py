@@ -556,3 +556,23 @@ def test_a_task_may_wait_for_another_chat_that_can_make_room(make_dispatcher):
     fut.result(WAIT)
     assert d.drain(WAIT)
     assert order == ["a got in", "b"] or order == ["b", "a got in"]
+
+
+def test_a_thread_wait_on_the_loop_coroutine_tasks_need_is_refused(make_dispatcher):
+    d = make_dispatcher(queue_size=1)
+    gate = _held_chat(d, 1, 1)
+
+    async def main():
+        assert await d.asubmit(2, lambda sc: "coroutine tasks exist") == "coroutine tasks exist"
+        for call in (d.submit, d.post):
+            with pytest.raises(QueueFull, match="asubmit"):
+                call(1, lambda sc: None, block=True)   # no timeout: must not hang the loop
+        waiting = asyncio.ensure_future(d.asubmit(1, lambda sc: "waited", block=True))
+        await asyncio.sleep(0.01)
+        gate.set()
+        return await waiting
+
+    assert asyncio.run(main()) == "waited"
+    assert d.drain(WAIT)
+    s = d.stats()
+    assert s.rejected == 2 and s.waiting == 0 and _identity(s)

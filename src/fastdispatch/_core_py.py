@@ -103,7 +103,7 @@ _current_task = contextvars.ContextVar("fastdispatch_current_task", default=None
 _W_WAITING, _W_ADMITTED, _W_CLOSED, _W_GONE = 0, 1, 2, 3
 # Why a caller that asked to wait may not (_add_waiter_locked; _errors._no_room
 # says it with the same codes).
-_NO_ROOM_MAX, _NO_ROOM_SELF, _NO_ROOM_SLOTS, _NO_ROOM_CYCLE = 1, 2, 3, 4
+_NO_ROOM_MAX, _NO_ROOM_SELF, _NO_ROOM_SLOTS, _NO_ROOM_CYCLE, _NO_ROOM_LOOP = 1, 2, 3, 4, 5
 # What a waiting asubmit's wake-up Future holds when its timeout passed.
 _TIMED_OUT = object()
 
@@ -1559,9 +1559,12 @@ class DispatcherCore:
         # A running task that waits holds a max_inflight slot (and, a thread
         # task, its worker) until room comes: refused when room could then
         # never come (its own chat; every slot held by waiting tasks; a
-        # cycle of chats whose running tasks wait for each other).
+        # cycle of chats whose running tasks wait for each other), and a
+        # thread's wait on a running event loop once coroutine tasks exist.
         if holder is q:
             return _NO_ROOM_SELF
+        if loop is None and self._async_used and _asyncio._get_running_loop() is not None:
+            return _NO_ROOM_LOOP  # a thread wait would stall the loop coroutine tasks need
         with self._count_lock:
             if self._waiting >= self._max_waiting:
                 return _NO_ROOM_MAX

@@ -150,7 +150,7 @@ def _task_call_error(chat_id, exc):
 
 # Why a caller that asked to wait for room may not (the cores' _NO_ROOM_*
 # codes, the same in both).
-NO_ROOM_MAX, NO_ROOM_SELF, NO_ROOM_SLOTS, NO_ROOM_CYCLE = 1, 2, 3, 4
+NO_ROOM_MAX, NO_ROOM_SELF, NO_ROOM_SLOTS, NO_ROOM_CYCLE, NO_ROOM_LOOP = 1, 2, 3, 4, 5
 
 
 def _no_room(chat_id, capacity, why, max_waiting):
@@ -166,6 +166,11 @@ def _no_room(chat_id, capacity, why, max_waiting):
             "chat %s is full, and waiting for room from inside a running task would "
             "leave every max_inflight slot held by a task that waits: nothing could "
             "start to make room" % (chat,))
+    if why == NO_ROOM_LOOP:
+        return QueueFull(
+            "chat %s is full, and waiting for room here would block this thread's "
+            "running event loop, which the dispatcher's coroutine tasks need: "
+            "use `await dispatcher.asubmit(chat_id, task, block=True)`" % (chat,))
     if why == NO_ROOM_CYCLE:
         return QueueFull(
             "chat %s is full, and its running task waits (directly or through other "

@@ -345,6 +345,7 @@ cdef enum:
     _NO_ROOM_SELF = 2
     _NO_ROOM_SLOTS = 3
     _NO_ROOM_CYCLE = 4
+    _NO_ROOM_LOOP = 5
 
 # What a waiting asubmit's wake-up Future holds when its timeout passed.
 cdef object _TIMED_OUT = object()
@@ -1060,9 +1061,10 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
 cdef class _Waiter:
     """A caller waiting for room in a full chat (``block=True``).
 
-    ``wake`` is a held lock that the waker releases (a thread), or a Future
-    of the caller's event loop (an ``asubmit``).  ``holder`` is the chat
-    queue of the running task the caller waits inside, if any.
+    ``wake`` is a wake (a SimpleQueue, as an idle worker's: see _sleep) in
+    which the waker puts one token (a thread), or a Future of the caller's
+    event loop (an ``asubmit``).  ``holder`` is the chat queue of the
+    running task the caller waits inside, if any.
     """
 
     cdef SendContext item
@@ -1080,8 +1082,7 @@ cdef _Waiter _new_waiter(SendContext item, ChatQueue q, object loop, ChatQueue h
     w.q = q
     w.loop = loop
     if loop is None:
-        w.wake = _allocate_lock()
-        w.wake.acquire()
+        w.wake = _Wake()
     else:
         w.wake = loop.create_future()
     w.state = _W_WAITING
@@ -2443,11 +2444,14 @@ cdef class DispatcherCore:
         # A running task that waits holds a max_inflight slot (and, a thread
         # task, its worker) until room comes: refused when room could then
         # never come (its own chat; every slot held by waiting tasks; a
-        # cycle of chats whose running tasks wait for each other).
+        # cycle of chats whose running tasks wait for each other), and a
+        # thread's wait on a running event loop once coroutine tasks exist.
         cdef _Waiter waiter
         cdef int why
         if holder is q:
             return _NO_ROOM_SELF
+        if loop is None and self._async_used and _running_loop() is not None:
+            return _NO_ROOM_LOOP  # a thread wait would stall the loop coroutine tasks need
         if FD_ADD(&self._waiting, 1) >= self._max_waiting:
             FD_ADD(&self._waiting, -1)
             return _NO_ROOM_MAX
@@ -2506,7 +2510,7 @@ cdef class DispatcherCore:
     cdef int _wake_waiter(self, _Waiter waiter) except -1:
         # Wake a waiter whose state was decided (under its chat's lock).
         if waiter.loop is None:
-            waiter.wake.release()
+            waiter.wake.put(None)
         else:
             _on_loop(waiter.loop, _aio_set, waiter.wake, None, None)
         return 0
@@ -2546,7 +2550,7 @@ cdef class DispatcherCore:
     def _wait_for_room(self, _Waiter waiter, timeout):
         # submit/post with block=True: this thread waits for its turn.
         try:
-            woken = waiter.wake.acquire(True, -1 if timeout is None else timeout)
+            woken = _sleep(waiter.wake, timeout)
         except BaseException:
             self._end_wait(waiter, False, None)
             raise
