@@ -159,7 +159,7 @@ class ChatQueue(RingBuffer):
     __slots__ = ("chat_id", "lock", "running", "_key", "_removed", "retry_item",
                  "not_before", "granted", "waited", "window", "reserved",
                  "stamped", "last_start", "elsewhere", "core_ref", "lkey", "lres",
-                 "waiters", "woken", "blocked_on")
+                 "waiters", "woken", "blocked_on", "slot_held")
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -210,6 +210,9 @@ class ChatQueue(RingBuffer):
         # The chats this chat's running task waits for room in (a list;
         # under the core's _wait_lock), or None.
         self.blocked_on = None
+        # Its owner goes on with it holding the max_inflight slot of the
+        # coroutine task that just ended (see DispatcherCore._aio_done).
+        self.slot_held = False
 
 
 class _Window:
@@ -295,7 +298,7 @@ class SendContext:
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
         "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
-        "_error", "_loop", "_aio", "_queue", "_chatq", "_ctx", "_watched",
+        "_error", "_loop", "_aio", "_queue", "_chatq", "_ctx",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -313,7 +316,6 @@ class SendContext:
         # (None once its end was claimed: see DispatcherCore._claim); all
         # None for a thread task.
         self._loop = self._aio = self._queue = self._ctx = None
-        self._watched = False  # asubmit's Future is watched for a cancellation
         # The chat queue of the running attempt (set at its start), through
         # which report_limit reaches the limiter; None outside a dispatcher.
         self._chatq = None
@@ -425,7 +427,6 @@ def _new_item(chat_id, fn, future, t_queued, loop=None, ctx=None):
     item._error = None
     item._loop = loop
     item._ctx = ctx
-    item._watched = False
     item._aio = item._queue = item._chatq = None
     return item
 
@@ -1480,15 +1481,22 @@ class DispatcherCore:
                                                self._max_waiting))
             self._reject(chat_id, QueueFull(
                 "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
-        if start:
-            if loop is None or not self._hand_to_loop(q, loop):
-                self._schedule(q)
+        if start and loop is None:
+            self._schedule(q)
         if self._on_queued is not None:
             try:
                 self._on_queued(chat_id, queue_len)
             except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
-        return None
+        if loop is None:
+            return None
+        if start:
+            # asubmit, on ``loop``: the chat it now owns starts here, in this
+            # call, as a free asyncio.Lock is taken without a trip through
+            # the loop (a hand-off would cost a callback, a lock and an
+            # entry the timer must watch, per chat that starts).
+            self._drain_chat(q, loop)
+        return item
 
     async def asubmit(self, chat_id, task, *, block=False, timeout=None):
         """Queue ``task`` for ``chat_id`` and await its result.
@@ -1524,10 +1532,24 @@ class DispatcherCore:
             timeout = _checked_wait(timeout)
         future = loop.create_future()
         self._async_used = True
-        waiter = self._enqueue(chat_id, task, future, loop, block, contextvars.copy_context())
-        if waiter is not None:
+        item = self._enqueue(chat_id, task, future, loop, block, contextvars.copy_context())
+        if type(item) is _Waiter:
+            waiter, item = item, item.item
             await self._await_room(waiter, timeout, future)
-        return await future
+        try:
+            if future.done():
+                # Its task ended in this call (it returned no awaitable):
+                # still let the loop run others once, as before the chat
+                # started here, so that a loop of such calls cannot starve
+                # them.
+                await _asyncio.sleep(0)
+            return await future
+        except _asyncio.CancelledError:
+            # The caller cancelled its await: the attempt running now (if
+            # any) is cancelled too; one not started yet is skipped.
+            if future.cancelled():
+                _cancel_aio(item)
+            raise
 
     # ------------------------------------------------------- waiting for room
 
@@ -1893,7 +1915,9 @@ class DispatcherCore:
         # the chat is empty, parked, handed to where its next task runs, or
         # left to a coroutine task whose end will go on with it.
         while True:
-            if not self._take_slot(q):
+            if q.slot_held:
+                q.slot_held = False
+            elif not self._take_slot(q):
                 return  # waits for a slot: a task's end hands it one
             if self._limited or q.not_before or self._limiter.pause_until:
                 item = self._next_paced(q, here)
@@ -2095,21 +2119,8 @@ class DispatcherCore:
                         self._timer_needed_locked(monotonic() + _LOOP_CHECK)
                     items.add(item)
                 aio.add_done_callback(functools.partial(self._aio_done, item))
-                if not item._watched:
-                    # Once per task, at its first awaitable (whatever
-                    # attempt that is): the caller's cancellation reaches
-                    # the attempt then running.
-                    item._watched = True
-                    future.add_done_callback(functools.partial(self._caller_done, item))
                 return _ASYNC
         return self._end(item, q, result, error, panic)
-
-    def _caller_done(self, item, future):
-        # On the loop: the Future asubmit awaits is done.  If the caller
-        # cancelled its await while the task runs, cancel the task's
-        # awaitable: the chat goes on once it has ended.
-        if future.cancelled():
-            _cancel_aio(item)
 
     def _claim(self, item):
         # The end of a running coroutine task is handled once: by its loop
@@ -2143,8 +2154,13 @@ class DispatcherCore:
             elif not isinstance(error, Exception):
                 panic = error
         ran = self._end(item, q, result, error, panic, cancelled)
-        self._release_slot()
-        if ran != _PANICKED:
+        if ran == _PANICKED:
+            self._release_slot()
+        else:
+            # The chat goes on with the slot its ended task held: giving it
+            # back here would wake a chat waiting for one, only for this
+            # chat to take it again first (and that chat to wait again).
+            q.slot_held = True
             self._drain_chat(q, loop)
 
     def _end_on_closed_loop(self, item):

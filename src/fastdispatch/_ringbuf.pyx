@@ -701,6 +701,9 @@ cdef class ChatQueue(RingBuffer):
     # The chats this chat's running task waits for room in, or None (under
     # the core's _wait_lock).
     cdef list _blocked_on
+    # Its owner goes on with it holding the max_inflight slot of the
+    # coroutine task that just ended (see DispatcherCore._aio_done).
+    cdef bint _slot_held
 
     def __init__(self, chat_id, capacity):
         RingBuffer.__init__(self, capacity)
@@ -863,9 +866,8 @@ cdef class SendContext:
     # which report_limit reaches the limiter; None outside a dispatcher.
     cdef ChatQueue _chatq
     # asubmit: a copy of the caller's contextvars context, which every
-    # attempt runs in; whether its Future is watched for a cancellation.
+    # attempt runs in.
     cdef object _ctx
-    cdef bint _watched
 
     def __init__(self, chat_id, deadline=None):
         self.chat_id = chat_id
@@ -2291,10 +2293,25 @@ cdef class DispatcherCore:
             timeout = _checked_wait(timeout)
         future = loop.create_future()
         self._async_used = True
-        waiter = self._enqueue(chat_id, task, future, loop, block, _copy_context())
-        if waiter is not None:
+        item = self._enqueue(chat_id, task, future, loop, block, _copy_context())
+        if type(item) is _Waiter:
+            waiter = item
+            item = (<_Waiter>waiter).item
             await self._await_room(waiter, timeout, future)
-        return await future
+        try:
+            if future.done():
+                # Its task ended in this call (it returned no awaitable):
+                # still let the loop run others once, as before the chat
+                # started here, so that a loop of such calls cannot starve
+                # them.
+                await _asyncio.sleep(0)
+            return await future
+        except _asyncio.CancelledError:
+            # The caller cancelled its await: the attempt running now (if
+            # any) is cancelled too; one not started yet is skipped.
+            if future.cancelled():
+                _cancel_aio(item)
+            raise
 
     cdef inline _Stripe _stripe_for(self, object key):
         # The part of the chat map for a key made by _chat_key: its hash
@@ -2387,15 +2404,22 @@ cdef class DispatcherCore:
             self._reject(chat_id, QueueFull(
                 "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)),
                 False)
-        if start:
-            if loop is None or not self._hand_to_loop(q, loop):
-                self._schedule(q)
+        if start and loop is None:
+            self._schedule(q)
         if self._on_queued is not None:
             try:
                 self._on_queued(chat_id, queue_len)
             except BaseException as exc:  # the task is queued: submit must return
                 self._hook_failed("on_queued", exc)
-        return None
+        if loop is None:
+            return None
+        if start:
+            # asubmit, on ``loop``: the chat it now owns starts here, in this
+            # call, as a free asyncio.Lock is taken without a trip through
+            # the loop (a hand-off would cost a callback, a lock and an
+            # entry the timer must watch, per chat that starts).
+            self._drain_chat(q, loop, None)
+        return item
 
     cdef int _reject(self, object chat_id, object exc, bint waited) except -1:
         # ``waited``: a caller that waited for room (not counted as submitted).
@@ -2860,7 +2884,9 @@ cdef class DispatcherCore:
         cdef bint rotate
         cdef int ran
         while True:
-            if not self._take_slot(q):
+            if q._slot_held:
+                q._slot_held = False
+            elif not self._take_slot(q):
                 return 0  # waits for a slot: a task's end hands it one
             if (self._limited or q._not_before != 0.0
                     or self._limiter._pause_until != 0.0):
@@ -3087,21 +3113,8 @@ cdef class DispatcherCore:
                         self._timer_needed_locked(<double>monotonic() + _LOOP_CHECK)
                     items.add(item)
                 aio.add_done_callback(functools.partial(self._aio_done, item))
-                if not item._watched:
-                    # Once per task, at its first awaitable (whatever
-                    # attempt that is): the caller's cancellation reaches
-                    # the attempt then running.
-                    item._watched = True
-                    future.add_done_callback(functools.partial(self._caller_done, item))
                 return _ASYNC
         return self._end(item, q, result, error, panic, False, False, None)
-
-    def _caller_done(self, SendContext item, future):
-        # On the loop: the Future asubmit awaits is done.  If the caller
-        # cancelled its await while the task runs, cancel the task's
-        # awaitable: the chat goes on once it has ended.
-        if future.cancelled():
-            _cancel_aio(item)
 
     cdef ChatQueue _claim(self, SendContext item):
         # The end of a running coroutine task is handled once: by its loop
@@ -3136,8 +3149,13 @@ cdef class DispatcherCore:
             elif not isinstance(error, Exception):
                 panic = error
         ran = self._end(item, q, result, error, panic, cancelled, False, None)
-        self._release_slot()
-        if ran != _PANICKED:
+        if ran == _PANICKED:
+            self._release_slot()
+        else:
+            # The chat goes on with the slot its ended task held: giving it
+            # back here would wake a chat waiting for one, only for this
+            # chat to take it again first (and that chat to wait again).
+            q._slot_held = True
             self._drain_chat(q, loop, None)
 
     cdef int _end_on_closed_loop(self, SendContext item) except -1:

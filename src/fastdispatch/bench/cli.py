@@ -6,7 +6,7 @@ import sys
 import time
 
 from . import SECTIONS, dispatcher
-from .dispatcher import QUICK_SCALE, RETRIES
+from .dispatcher import QUICK_SCALE, RUNS
 from .contenders import _ringbuf
 from .report import HEADER, describe_machine, format_table
 
@@ -18,13 +18,13 @@ __all__ = ["main"]
 PLOT_ESTIMATE = (40, 120)
 
 NOISE_NOTE = """\
-Ratios are of medians measured in this run, side by side, so a busy machine
-slows both sides; still, one slow spell can sink one run.  A missed target's
-scenario is measured again (up to %d times, --retries) and the best run is
-shown, with how many runs met the target: "MISSED (0 of 3 runs)" is a real
-miss.  Steadier figures: the pytest-benchmark suite (more rounds: python -m
-pytest --pyargs fastdispatch.bench.suite --benchmark-only) and, in the
-repository, bench/instructions.py (instruction counts, no timing noise)."""
+Each ratio is the median of same-round ratios (both sides measured in the
+same round, so a busy machine slows both); every run made is counted (%d
+here, --runs), none is measured again or picked: "met (2 of 3 runs)" says
+how many runs' medians met the target.  Steadier figures: the
+pytest-benchmark suite (more rounds: python -m pytest --pyargs
+fastdispatch.bench.suite --benchmark-only) and, in the repository,
+bench/instructions.py (instruction counts, no timing noise)."""
 
 
 def _progress_printer():
@@ -106,16 +106,16 @@ def main(argv=None):
     parser.add_argument("--rounds-scale", type=float, default=1.0, metavar="X",
                         help="multiply the dispatcher section's number of rounds "
                              "(default 1.0)")
-    parser.add_argument("--retries", type=int, default=RETRIES, metavar="N",
-                        help="measure a missed target's scenario again up to N times "
-                             "and keep the best run (default %d; 0: never)" % RETRIES)
+    parser.add_argument("--runs", type=int, default=RUNS, metavar="N",
+                        help="measure the dispatcher section N times; every run is "
+                             "reported, none is picked (default %d)" % RUNS)
     parser.add_argument("--details", action="store_true",
                         help="also print every contender's median per scenario")
     args = parser.parse_args(argv)
     if args.rounds_scale <= 0:
         parser.error("--rounds-scale must be > 0, got %g" % args.rounds_scale)
-    if args.retries < 0:
-        parser.error("--retries must be >= 0, got %d" % args.retries)
+    if args.runs < 1:
+        parser.error("--runs must be >= 1, got %d" % args.runs)
     if args.plot:
         try:
             import matplotlib  # type: ignore[import-not-found]  # noqa: F401  (fail early)
@@ -141,7 +141,7 @@ def main(argv=None):
         progress("section: %s" % section.TITLE)
         if section is dispatcher:
             rows = section.run(args.quick, progress, rounds_scale=args.rounds_scale,
-                               details=args.details, retries=args.retries)
+                               details=args.details, runs=args.runs)
         else:
             rows = section.run(args.quick, progress)
         print("\n" + section.TITLE)
@@ -152,7 +152,7 @@ def main(argv=None):
         plot(by_chats, by_producers, args.plot)
         print("\nplot written to %s" % args.plot)
     if dispatcher in sections:
-        print("\n" + NOISE_NOTE % args.retries)
+        print("\n" + NOISE_NOTE % args.runs)
     print("\n(%.0f s)" % (time.perf_counter() - t0))
     return 0
 

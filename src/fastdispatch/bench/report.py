@@ -11,7 +11,7 @@ import statistics
 from .contenders import _ringbuf
 from .scenarios import IO_IDEAL
 
-__all__ = ["RETAINED_BOUND", "TARGETS", "INFO", "HEADER", "ratio_rows",
+__all__ = ["RETAINED_BOUND", "TARGETS", "INFO", "HEADER", "ratio_rows", "round_maps",
            "format_table", "scenario_rows", "describe_machine"]
 
 # Columns of every section's table (see fastdispatch.bench).
@@ -83,7 +83,16 @@ def _timed_ratio(kind, group, ours, base, medians):
     return t_ours, t_base, (t_base / t_ours if kind == "throughput" else t_ours / t_base)
 
 
-def ratio_rows(medians, memory=None, include_info=True, retries=()):
+def round_maps(times):
+    """One ``{(group, impl): seconds}`` map per round index, from ``time_rounds``
+    results (``group -> (impl -> round times, ops)``): the rounds' own figures,
+    so that a ratio can be taken within one round."""
+    count = max((len(ts) for t, _ in times.values() for ts in t.values()), default=0)
+    return [{(group, impl): ts[k] for group, (t, _) in times.items()
+             for impl, ts in t.items() if k < len(ts)} for k in range(count)]
+
+
+def ratio_rows(medians, memory=None, include_info=True, runs=()):
     """Evaluate the targets.
 
     ``medians`` maps (group, impl) -> median seconds; ``memory`` maps
@@ -91,9 +100,11 @@ def ratio_rows(medians, memory=None, include_info=True, retries=()):
     (label, ours, baseline, ratio, bound text, verdict); a target whose
     inputs were not measured is left out.
 
-    ``retries`` are more ``medians`` maps, from groups measured again: a
-    target measured in several runs shows its best run, and its verdict
-    says in how many runs it was met (``"met (1 of 3 runs)"``).
+    ``runs``: every run made, each a list of per-round maps (see
+    :func:`round_maps`).  Then a target's ratio is the median of its
+    same-round ratios over all of them (never a best run), the ratio cell
+    also lists each run's median, and with several runs the verdict says in
+    how many the target was met (``"met (1 of 3 runs)"``).
     """
     rows = []
     for label, group, ours, base, kind, op, bound in TARGETS + (INFO if include_info else ()):
@@ -104,18 +115,24 @@ def ratio_rows(medians, memory=None, include_info=True, retries=()):
             rows.append((label, "%.0f B" % value, "", "%.0f" % value,
                          "%s %g B" % (op, bound), _verdict(value, op, bound)))
             continue
-        runs = [r for r in (_timed_ratio(kind, group, ours, base, m)
-                            for m in (medians,) + tuple(retries)) if r is not None]
-        if not runs:
+        measured = _timed_ratio(kind, group, ours, base, medians)
+        if measured is None:
             continue
-        pick = max if op == ">=" else min
-        t_ours, t_base, ratio = pick(runs, key=lambda r: r[2])
+        t_ours, t_base, ratio = measured
+        per_run = [[r[2] for r in (_timed_ratio(kind, group, ours, base, m) for m in rounds)
+                    if r is not None] for rounds in runs]
+        per_run = [ratios for ratios in per_run if ratios]
+        ratio_text = "%.2f" % ratio
+        if per_run:
+            ratio = statistics.median([r for ratios in per_run for r in ratios])
+            ratio_text = "%.2f (runs: %s)" % (ratio, " ".join(
+                "%.2f" % statistics.median(ratios) for ratios in per_run))
         bound_text = "" if bound is None else "%s %g" % (op, bound)
         verdict = _verdict(ratio, op, bound)
-        if len(runs) > 1 and bound is not None:
-            met = sum(_verdict(r[2], op, bound) == "met" for r in runs)
-            verdict = "%s (%d of %d runs)" % (verdict, met, len(runs))
-        rows.append((label, _fmt_time(t_ours), _fmt_time(t_base), "%.2f" % ratio,
+        if len(per_run) > 1 and bound is not None:
+            met = sum(_verdict(statistics.median(r), op, bound) == "met" for r in per_run)
+            verdict = "%s (%d of %d runs)" % (verdict, met, len(per_run))
+        rows.append((label, _fmt_time(t_ours), _fmt_time(t_base), ratio_text,
                      bound_text, verdict))
     return rows
 
