@@ -1,4 +1,4 @@
-"""SPEC §8: coroutine tasks (``asubmit``) on both cores.
+"""docs/guarantees.md G17: coroutine tasks (``asubmit``) on both cores.
 
 A coroutine task is called on the caller's event loop; the awaitable it
 returns runs there, and its chat stays owned until it ends.  No thread is

@@ -177,7 +177,7 @@ def test_kill_9_mid_run_loses_nothing_and_keeps_every_chat_in_order(tmp_path):
 
 
 def test_a_killed_workers_chats_resume_within_10_s_with_the_default_settings(tmp_path):
-    # SPEC 7: with nothing configured, the chats a SIGKILLed worker held go
+    # docs/cluster.md: with nothing configured, the chats a SIGKILLed worker held go
     # on within 10 s (the server hands its messages on after ack_wait, 6 s
     # by default; JetStream's own 30 s made them wait 30.2 s).  The gap is
     # read from the record: the end of a chat's send to the start of its

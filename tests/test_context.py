@@ -1,4 +1,4 @@
-"""The per-event Context (SPEC §3.2)."""
+"""The per-event Context."""
 
 import logging
 import subprocess

@@ -1,4 +1,4 @@
-"""SPEC §2.2, §2.4–§2.7: submit/post, Futures, timeouts, panics, hooks, stats."""
+"""docs/guarantees.md G4, G7-G10: submit/post, Futures, timeouts, panics, hooks, stats."""
 
 import asyncio
 import concurrent.futures

@@ -1,4 +1,4 @@
-"""The Engine's match path (SPEC §4)."""
+"""The Engine's match path."""
 
 import logging
 import threading

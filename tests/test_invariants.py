@@ -1,4 +1,4 @@
-"""SPEC §2.3: ordering and concurrency guarantees, under stress.
+"""docs/guarantees.md G1-G6: ordering and concurrency guarantees, under stress.
 
 Each test is named after the invariant it protects.  The stress tests force
 thread switches every 10 µs and use many producer threads; they are sized
@@ -250,7 +250,7 @@ class SlowHashChat:
 
     This widens the window between a submitter's map lookup and its taking
     of the queue lock, and between a worker's emptiness check and its removal
-    of the queue: exactly the window of the self-removal race (SPEC §2.3.4).
+    of the queue: exactly the window of the self-removal race (G5 in docs/guarantees.md).
     """
 
     __slots__ = ("name",)
@@ -287,7 +287,7 @@ def test_chat_queue_churn_keeps_fifo_and_exclusivity(
 
 
 def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher, impl, monkeypatch):
-    # Regression test for the self-removal race of SPEC §2.3.4, made
+    # Regression test for the self-removal race of G5 (docs/guarantees.md), made
     # deterministic: the submitter finds the queue just before the worker
     # removes it and waits for its lock.  Without the re-check it pushes onto
     # the orphaned queue; the chat's next task then gets a second queue and

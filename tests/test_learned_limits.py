@@ -1,4 +1,4 @@
-"""SPEC §9: limits the platform announces (``sc.report_limit``), on both cores.
+"""docs/guarantees.md G16: limits the platform announces (``sc.report_limit``), on both cores.
 
 A platform such as Discord announces on every answer how many requests
 remain in a bucket and when it resets; a task hands that to the dispatcher,

@@ -1,4 +1,4 @@
-"""SPEC §2.3.5 and §2.8: threads on demand, idle exit, close/drain/shutdown/force_close."""
+"""docs/guarantees.md G6 and G11: threads on demand, idle exit, close/drain/shutdown/force_close."""
 
 import os
 import subprocess

@@ -35,7 +35,7 @@ from fastdispatch.metrics import (
 
 
 class Panic(BaseException):
-    """A task that raises this panics (SPEC §2.6)."""
+    """A task that raises this panics (G7 in docs/guarantees.md)."""
 
 
 @pytest.fixture

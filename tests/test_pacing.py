@@ -1,4 +1,4 @@
-"""SPEC §5: pacing (rate limits per chat, per group, bot-wide) and retries.
+"""docs/guarantees.md G12-G15: pacing (rate limits per chat, per group, bot-wide) and retries.
 
 Every test runs on both cores.  Limits are scaled down (tens of
 milliseconds) so that the real clock can be used.  The tasks record

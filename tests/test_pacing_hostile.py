@@ -1,6 +1,6 @@
 """Pacing and retries under hostile input: every wait is bounded, nothing dies.
 
-SPEC §5 ("The limit holds where the platform sees it") and the ground rule
+G12 in docs/guarantees.md ("A limit holds where the platform sees it") and the ground rule
 that user code and platforms are hostile.  Each test is named after the
 guarantee it protects and runs on both cores.  The families they stand for:
 

@@ -1,4 +1,4 @@
-"""Platform types and protocols (SPEC §3.1)."""
+"""Platform types and protocols."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""Ready-made rules (SPEC §4, ``fastdispatch.rules``)."""
+"""Ready-made rules (``fastdispatch.rules``)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Trace spans travel with the event (SPEC §3.2, clone; needs the otel extra)."""
+"""Trace spans travel with the event (the Context's clone; needs the otel extra)."""
 
 import threading
 

@@ -5,12 +5,12 @@ same locking protocol, line for line where it matters.  It is used when the
 extension is missing or ``FASTDISPATCH_NO_EXTENSIONS=1`` is set, and the test
 suite runs every behaviour test against both.  The design is explained once,
 in ``docs/dispatcher.md``; the comments here only mark where each invariant
-of SPEC §2.3 is kept.
+of docs/guarantees.md (G1-G6) is kept.
 
 Locks, and what each protects:
 
 - ``ChatQueue.lock``: the queue's items and its ``running`` flag, and the
-  removal of the queue from the chat map (invariant 4).
+  removal of the queue from the chat map (G5, docs/guarantees.md).
 - ``_map_lock``: inserting a new queue into the chat map (and the most
   chats it held since its last reset), against resetting the map when its
   last chat leaves (the compiled core, on free-threaded
@@ -480,7 +480,7 @@ def _call_in_context(item):
 
 
 def _checked_report(remaining, reset_after, bucket, scope):
-    # SPEC §9: the values of a report_limit call, checked and made plain
+    # The values of a report_limit call, checked and made plain
     # (an int or float subclass is read as the exact int or float it holds,
     # a str subclass as its exact str: nothing user-defined runs past this
     # point, nor in the limiter's lock or on the timer).  Raises in the task.
@@ -1453,7 +1453,7 @@ class DispatcherCore:
                     if q is fresh:
                         self._map_high = max(self._map_high, len(queues))
             with q.lock:
-                # Invariant 4: the worker may have removed this very queue
+                # G5 (docs/guarantees.md): the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
                 # (_removed is set in the same critical section as the
@@ -1757,7 +1757,7 @@ class DispatcherCore:
     def _schedule(self, q):
         # Put a chat that just got work (and has no worker) on the ready list.
         # When all max_inflight workers are busy the chat simply waits there:
-        # it holds no thread (invariant 5).
+        # it holds no thread (G6, docs/guarantees.md).
         with self._pool_lock:
             self._ready.append(q)
             searcher = self._call_searcher_locked()
@@ -1925,7 +1925,7 @@ class DispatcherCore:
                 with q.lock:
                     item = self._take_head_here_locked(q, here)
                     if item is None:
-                        # Invariant 4: the empty queue leaves the map while
+                        # G5 (docs/guarantees.md): the empty queue leaves the map while
                         # its lock is held, so a submitter's re-check cannot
                         # miss it.
                         q.running = False
@@ -2390,7 +2390,7 @@ class DispatcherCore:
         return _PANICKED if panic is not None else _DONE
 
     def _retry_plan(self, item, error):
-        # SPEC §5: how long until ``error``'s task may run again, and whether
+        # G13 (docs/guarantees.md): how long until ``error``'s task may run again, and whether
         # every chat waits (a global RetryAfter); None when it is not retried.
         # ``error`` is user code (a RetryAfter subclass may carry anything in
         # ``seconds``, a retry_on class may have a hostile __instancecheck__):
@@ -2527,7 +2527,7 @@ class DispatcherCore:
             self._hook_failed("on_done", exc)
 
     def _close_panicked(self, q):
-        # SPEC §2.6, first step: the chat's waiting tasks are taken out and
+        # G7 (docs/guarantees.md), first step: the chat's waiting tasks are taken out and
         # its queue is removed (returns those tasks, for _panic).
         with q.lock:
             waiting = q.clear()
@@ -2542,7 +2542,7 @@ class DispatcherCore:
         return waiting
 
     def _panic(self, q, exc, waiting):
-        # SPEC §2.6: the worker survives; the chat's waiting tasks (taken out
+        # G7: the worker survives; the chat's waiting tasks (taken out
         # by _close_panicked) are discarded, each Future resolved, never
         # left pending; then recover(exc) runs.
         chat = _safe_repr(q.chat_id)

@@ -1119,7 +1119,7 @@ cdef long long _MAX_REMAINING = 1 << 62
 
 
 cdef long long _checked_remaining(object remaining) except -1:
-    # SPEC §9: report_limit's ``remaining``, checked.  An int subclass is
+    # report_limit's ``remaining``, checked.  An int subclass is
     # read as the plain int it holds (int.__int__), so that nothing
     # user-defined runs past this point (nor in the limiter's lock).
     if type(remaining) is not int:
@@ -2375,7 +2375,7 @@ cdef class DispatcherCore:
                         if held > stripe.high:
                             FD_STORE(&stripe.high, held)
             with q._lock:
-                # Invariant 4: the worker may have removed this very queue
+                # G5 (docs/guarantees.md): the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto
                 # it would give the chat a second queue and a second worker.
                 # (_removed is set in the same critical section as the
@@ -2644,7 +2644,7 @@ cdef class DispatcherCore:
     cdef int _schedule(self, ChatQueue q) except -1:
         # Put a chat that just got work (and has no worker) on the ready list.
         # When all max_inflight workers are busy the chat simply waits there:
-        # it holds no thread (invariant 5).
+        # it holds no thread (G6, docs/guarantees.md).
         cdef object searcher
         with self._pool_lock:
             self._ready_append(q)
@@ -2895,7 +2895,7 @@ cdef class DispatcherCore:
                 with q._lock:
                     found = self._take_head_here_locked(q, here)
                     if found is None:
-                        # Invariant 4: the empty queue leaves the map while
+                        # G5 (docs/guarantees.md): the empty queue leaves the map while
                         # its lock is held, so a submitter's re-check cannot
                         # miss it.
                         q._running = False
@@ -3420,7 +3420,7 @@ cdef class DispatcherCore:
         return _PANICKED if panic is not None else _DONE
 
     cdef object _retry_plan(self, SendContext item, object error):
-        # SPEC §5: how long until ``error``'s task may run again, and whether
+        # G13 (docs/guarantees.md): how long until ``error``'s task may run again, and whether
         # every chat waits (a global RetryAfter): (delay, is_global,
         # refused), or None when it is not retried.  ``error`` is user code
         # (a RetryAfter subclass may carry anything in ``seconds``, a
@@ -3560,7 +3560,7 @@ cdef class DispatcherCore:
         return 0
 
     cdef list _close_panicked(self, ChatQueue q):
-        # SPEC §2.6, first step: the chat's waiting tasks are taken out and
+        # G7 (docs/guarantees.md), first step: the chat's waiting tasks are taken out and
         # its queue is removed (returns those tasks, for _panic).
         cdef list waiting
         with q._lock:
@@ -3576,7 +3576,7 @@ cdef class DispatcherCore:
         return waiting
 
     cdef int _panic(self, ChatQueue q, object exc, list waiting) except -1:
-        # SPEC §2.6: the worker survives; the chat's waiting tasks (taken out
+        # G7: the worker survives; the chat's waiting tasks (taken out
         # by _close_panicked) are discarded, each Future resolved, never
         # left pending; then recover(exc) runs.
         chat = _safe_repr(q.chat_id)

@@ -16,7 +16,7 @@ with metrics off and on, in one run (the contenders take turns):
 
 Then the hot path piece by piece (single thread, per call), so that the
 ratios can be read as "where the time goes", and the cost of one scrape.
-The target (SPEC issue: at most 15 % more per task on the compiled core) is
+The target (at most 15 % more per task on the compiled core) is
 checked on the no-op workloads, where nothing hides the overhead, and on
 the I/O-bound one, where a send takes 10 ms as a real one would.
 """

@@ -1,4 +1,4 @@
-"""Bench section: pacing (SPEC §5) — paced rate, parked chats, 429 scopes.
+"""Bench section: pacing (docs/pacing.md) — paced rate, parked chats, 429 scopes.
 
 - ``paced_throughput``: 10,000 chats, a global limit of 2,000 starts/s and
   no per-chat bottleneck: the rate achieved over 5 s against the limit
@@ -36,7 +36,7 @@ from .contenders import _dispatcher_class, compiled_core
 __all__ = ["TITLE", "ESTIMATE", "run", "paced_throughput", "parked_bytes",
            "retained_after_windows", "retry_after_scopes", "check_cost", "max_in_window"]
 
-TITLE = "Pacing (SPEC 5): rates against the limit, in this run"
+TITLE = "Pacing: rates against the limit, in this run"
 # measured 11 s and 6 s (--quick) at a load average of 1-3, 13 s and 7 s at 2-3
 ESTIMATE = ((10, 35), (6, 18))
 

@@ -22,7 +22,7 @@ One message, in order:
 2. ``dispatcher.submit(chat, task)``; the task reserves a start in the shared
    limiter (one Lua script over the global and the chat key, Redis time),
    sleeps until that start, calls the sender, records the key in Redis.  A
-   ``RetryAfter`` or retryable error is retried by the dispatcher (SPEC 5).
+   ``RetryAfter`` or retryable error is retried by the dispatcher (docs/pacing.md).
 3. While the Future is pending (a slow send, a reserved start further away,
    a ``RetryAfter`` being waited out) the worker sends "in progress" acks
    every ``ack_wait / 3``: the server does not redeliver a message that a

@@ -1,4 +1,4 @@
-"""Pacing benchmarks (SPEC §5), the same measurements as ``python -m fastdispatch bench --section pacing``.
+"""Pacing benchmarks (docs/pacing.md), the same measurements as ``python -m fastdispatch bench --section pacing``.
 
     python -m pytest --pyargs fastdispatch.bench.suite.bench_pacing --benchmark-only -s
 
