@@ -200,6 +200,21 @@ class Server:
                         if call.fired:
                             outer.cut += 1
 
+            def close(self):
+                # cheroot closes the socket but not the buffered writer: an
+                # answer that could not be sent (the client gone, the
+                # connection cut at its deadline) stayed in its buffer, and
+                # the writer's finalizer flushed it into the closed socket
+                # later, raising in whatever thread collected it.  Close it
+                # here; what cannot be sent is dropped with the connection.
+                wfile = getattr(self, "wfile", None)
+                if wfile is not None:
+                    try:
+                        wfile.close()
+                    except OSError:
+                        pass
+                super().close()
+
         class _ReadableFirst(wsgi.Server):
             def process_conn(self, conn):
                 # On cheroot's accepting thread.  A new connection waits in
