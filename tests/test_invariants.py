@@ -295,7 +295,7 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher, impl, mon
     # The submitter is held where it stamps the task with the clock, which
     # it does between the lookup and taking the queue's lock (no chat-id
     # code runs inside the worker's removal to hold it there instead).
-    real_monotonic = impl.core.monotonic
+    real_monotonic = impl.room("intake").monotonic
     held = threading.Event()
     hold = {"thread": None}
 
@@ -306,7 +306,7 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher, impl, mon
             assert _wait_until_true(lambda: d.active_chats == 0)   # queue removed
         return real_monotonic()
 
-    monkeypatch.setattr(impl.core, "monotonic", monotonic)
+    monkeypatch.setattr(impl.room("intake"), "monotonic", monotonic)
     d = make_dispatcher(max_inflight=4, hooks=DispatcherHooks(on_done=lambda info: None))
     chat = "c"
     release = threading.Event()

@@ -121,9 +121,10 @@ def _safe_repr(obj):
         return "<%s object (repr() failed)>" % (name,)
 
 
-# The modules that call tasks: a traceback that ends in one of them ends
+# The modules that call tasks (the compiled core; the twin's rooms that
+# start tasks): a traceback that ends in one of them ends
 # before the task's own code.
-_CORES = ("fastdispatch._core_py", "fastdispatch._ringbuf")
+_CORES = ("fastdispatch._ringbuf", "fastdispatch._core.outcomes", "fastdispatch._core.items")
 
 
 def _task_call_error(chat_id, exc):

@@ -1,0 +1,89 @@
+"""ROOM"""
+
+from time import monotonic
+
+from .._errors import _safe_repr
+from .._types import DispatchInfo
+
+from .constants import logger
+
+class _Bookkeeping:
+    """ROOM DOC"""
+
+    __slots__ = ()
+
+    def _reject(self, chat_id, exc, waited=False):
+        # ``waited``: a caller that waited for room (not counted as submitted).
+        with self._count_lock:
+            if not waited:
+                self._submitted -= 1
+            self._pending -= 1
+            self._rejected += 1
+        self._maybe_drained()
+        if self._on_rejected is not None:
+            try:
+                self._on_rejected(chat_id, exc)
+            except BaseException as hook_exc:
+                self._hook_failed("on_rejected", hook_exc)
+        raise exc
+
+    def _counters(self):
+        paced, parked = self._limiter.counters()
+        with self._count_lock:
+            return (self._submitted, self._completed, self._failed, self._rejected,
+                    self._discarded, self._cancelled, self._timed_out,
+                    len(self._queues), self._inflight, self._threads,
+                    self._retried, paced, parked, self._waiting)
+
+    def _pending_count(self):
+        return self._pending
+
+    def _add_drain_waiter(self, n):
+        with self._count_lock:
+            self._drain_waiters += n
+
+    def _maybe_drained(self):
+        if (self._drain_waiters and not self._pending and not self._queues
+                and not self._inflight):
+            self._notify_drained()
+
+    def _log_unobserved(self, item, error):
+        # A post()ed task that failed, with no on_done hook to see it: as
+        # Python reports an exception that ends a thread, once, with its
+        # traceback.
+        logger.error("task posted for chat %s failed", _safe_repr(item.chat_id),
+                     exc_info=(type(error), error, error.__traceback__))
+
+    def _count(self, outcome):
+        with self._count_lock:
+            if outcome == "completed":
+                self._completed += 1
+            elif outcome == "failed":
+                self._failed += 1
+            elif outcome == "cancelled":
+                self._cancelled += 1
+            elif outcome == "discarded":
+                self._discarded += 1
+            else:
+                self._timed_out += 1
+
+    def _report(self, item, error, run_latency):
+        start = item._t_start if item._t_start else monotonic()
+        info = DispatchInfo(item.chat_id, item._queue_len,
+                            max(0.0, start - item._t_queued), run_latency, error)
+        try:
+            self._on_done(info)
+        except BaseException as exc:
+            self._hook_failed("on_done", exc)
+
+    def _hook_failed(self, name, exc):
+        logger.error("dispatcher hook %s raised", name, exc_info=exc)
+        self._call_recover(exc)
+
+    def _call_recover(self, exc):
+        if self._recover is None:
+            return
+        try:
+            self._recover(exc)
+        except BaseException:
+            logger.exception("recover callable raised")

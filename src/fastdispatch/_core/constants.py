@@ -1,0 +1,82 @@
+"""ROOM"""
+
+import contextvars
+import logging
+import threading
+from . import constants
+
+logger = logging.getLogger("fastdispatch")
+
+_allocate_lock = threading.Lock
+
+_NOT_CANCELLED, _BY_TIMEOUT, _BY_FORCE = 0, 1, 2
+
+# The timer thread's state: awake, asleep until the registry head's deadline,
+# or asleep with nothing to wait for (a task start must wake it).
+_AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
+
+# What _call_searcher_locked returns when a new worker thread must start.
+_SPAWN = object()
+
+# What _run returns: the task ended, it panicked, or it will run again.
+_DONE, _PANICKED, _RETRYING, _FORCED, _REFUSED = 0, 1, 2, 3, 4
+
+# What _start_async returns when the task's awaitable now runs on its loop.
+_ASYNC = 5
+
+# How often the timer looks at event loops that hold work of this
+# dispatcher: a chat handed to a loop that stopped before it took the chat
+# is taken back (its task never starts there); the coroutine tasks of a
+# closed loop are ended (they can never end there).
+_HANDOFF_CHECK = 0.1
+
+_LOOP_CHECK = 0.5
+
+# The chat map is reset when it empties only if it held more chats than
+# this since its last reset (see _remove_locked; FD_KEEP_CHATS in the C twin).
+_KEEP_CHATS = 32
+
+# Where a chat's next task runs when it is not an event loop's.
+_WORKERS = object()
+
+# asyncio, imported by the first asubmit() (a thread-only program never
+# pays for it).
+constants._asyncio = None
+
+# What _next_paced returns besides a task: parked, or look again.
+_PARKED_CHAT, _AGAIN = object(), object()
+
+# ... or: the chat's next task runs elsewhere (ChatQueue.elsewhere says where).
+_ELSEWHERE = object()
+
+_INF = float("inf")
+
+_TIMEOUT_MAX = threading.TIMEOUT_MAX
+
+# The largest learned budget kept: more than any platform announces.
+_MAX_REMAINING = 1 << 62
+
+# The coroutine task whose code runs in this context (set in the task's own
+# context when it starts; see DispatcherCore.running_chat).
+_current_task = contextvars.ContextVar("fastdispatch_current_task", default=None)
+
+# A caller waiting for room (_Waiter.state): still waiting, let in (its task
+# is in the chat's queue), woken by close(), or gone (timed out, cancelled).
+_W_WAITING, _W_ADMITTED, _W_CLOSED, _W_GONE = 0, 1, 2, 3
+
+# Why a caller that asked to wait may not (_add_waiter_locked; _errors._no_room
+# says it with the same codes).
+_NO_ROOM_MAX, _NO_ROOM_SELF, _NO_ROOM_SLOTS, _NO_ROOM_CYCLE, _NO_ROOM_LOOP = 1, 2, 3, 4, 5
+
+# What a waiting asubmit's wake-up Future holds when its timeout passed.
+_TIMED_OUT = object()
+
+# Which windows hold a place for a chat's admitted start (ChatQueue.reserved):
+# its own window, the global one, learned budgets (ChatQueue.lres says which).
+_CHAT, _GLOBAL, _LEARNED = 1, 2, 4
+
+# What a learned budget covers (_Bucket.kind).
+_B_CHAT, _B_SHARED, _B_GLOBAL = 0, 1, 2
+
+# What _Limiter.admit returns.
+_START, _PARK, _REFETCH = 1, 0, -1

@@ -1,0 +1,188 @@
+cdef class _Intake(_LoopHandoff):
+    """ROOM DOC"""
+
+    def submit(self, chat_id, task, *, block=False, timeout=None):
+        """Queue ``task`` for ``chat_id``; return a ``Future`` of its result.
+
+        Cost: O(1) — one dict lookup, one lock, one push; a new chat also
+        allocates its queue, and a chat without a worker is scheduled.
+        Raises ``TypeError`` for bad arguments, ``QueueFull`` when the chat
+        already has ``queue_size`` waiting tasks, ``DispatcherClosed`` after
+        ``close()``; in each case nothing was queued.
+
+        ``block=True``: when the chat is full, this thread waits for room
+        (in turn with the chat's other waiters) instead, at most ``timeout``
+        seconds (None: no limit), then ``QueueFull``.  ``QueueFull`` at
+        once if ``max_waiting`` callers already wait, or if the wait could
+        never end (the caller is the chat's own running task; see
+        https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md#waiting-for-room);
+        ``DispatcherClosed`` if ``close()`` comes first.
+        """
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        future = _new_future()
+        waiter = self._enqueue(chat_id, task, future, None, block, None)
+        if waiter is not None:
+            self._wait_for_room(<_Waiter>waiter, timeout)
+        return future
+
+    def post(self, chat_id, task, *, block=False, timeout=None):
+        """Like ``submit`` without a Future: the outcome reaches hooks only."""
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        waiter = self._enqueue(chat_id, task, None, None, block, None)
+        if waiter is not None:
+            self._wait_for_room(<_Waiter>waiter, timeout)
+
+    async def asubmit(self, chat_id, task, *, block=False, timeout=None):
+        """Queue ``task`` for ``chat_id`` and await its result.
+
+        Must be called from a coroutine on a running event loop
+        (``RuntimeError`` otherwise).  ``task(sc)`` is called on this loop's
+        thread, in a copy of the caller's ``contextvars`` context taken
+        now (as ``asyncio.create_task`` does); when it returns an awaitable,
+        that runs on this loop, in that context, and the chat stays owned
+        until it ends; no thread is held meanwhile.  Returns the task's
+        result or raises what ``submit``'s Future would hold (the task's
+        exception, ``SendTimeout``, ``TaskDiscarded``, ``Cancelled``);
+        ``QueueFull`` and ``DispatcherClosed`` at once.  ``block=True``:
+        a full chat makes this coroutine wait for room as ``submit`` does
+        (holding no thread).  Cancelling the await while it waits for
+        room, or before the task started, skips it; after, the running
+        attempt's awaitable is cancelled (whichever attempt it is) and the
+        chat goes on.
+        """
+        global _asyncio, _running_loop
+        if _asyncio is None:
+            import asyncio as _asyncio_module
+            _running_loop = _asyncio_module._get_running_loop
+            _asyncio = _asyncio_module
+        loop = _running_loop()
+        if loop is None:
+            raise RuntimeError(
+                "asubmit() must be awaited in a coroutine running on an event loop "
+                "(e.g. inside asyncio.run()); from a thread without a running loop, "
+                "use submit() or post()")
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        future = loop.create_future()
+        self._async_used = True
+        item = self._enqueue(chat_id, task, future, loop, block, _copy_context())
+        if type(item) is _Waiter:
+            waiter = item
+            item = (<_Waiter>waiter).item
+            await self._await_room(waiter, timeout, future)
+        try:
+            if future.done():
+                # Its task ended in this call (it returned no awaitable):
+                # still let the loop run others once, as before the chat
+                # started here, so that a loop of such calls cannot starve
+                # them.
+                await _asyncio.sleep(0)
+            return await future
+        except _asyncio.CancelledError:
+            # The caller cancelled its await: the attempt running now (if
+            # any) is cancelled too; one not started yet is skipped.
+            if future.cancelled():
+                _cancel_aio(item)
+            raise
+
+    cdef object _enqueue(self, object chat_id, object task, object future,
+                         object loop, bint block, object ctx):
+        # Queue the task; or, when its chat is full and the caller waits
+        # (``block``), return the _Waiter it must wait on (else None).
+        cdef ChatQueue q
+        cdef ChatQueue fresh
+        cdef SendContext item
+        cdef Py_ssize_t queue_len
+        cdef bint start = False
+        cdef _Stripe stripe
+        cdef dict queues
+        cdef Py_ssize_t held
+        cdef ChatQueue holder = None
+        cdef object waiter = None
+        if chat_id is None:
+            raise TypeError("chat_id must not be None")
+        if FD_HANDBACK:
+            self._take_back()
+        key = _chat_key(chat_id)
+        stripe = self._stripe_for(key)
+        queues = stripe.queues
+        q = queues.get(key)
+        item = _new_item(chat_id, task, future,
+                         monotonic() if self._on_done is not None else 0.0, loop, ctx)
+        if block:
+            holder = self._holder()
+        # Count the task as pending *before* looking at ``closed``: then a
+        # shutdown() that saw no pending work also made this call see closed.
+        FD_ADD(&self._submitted, 1)
+        FD_ADD(&self._pending, 1)
+        if FD_LOAD(&self._closed):
+            self._reject(chat_id, DispatcherClosed("the dispatcher is closed"), False)
+        while True:
+            if q is None:
+                # Allocate only on a miss; setdefault keeps whichever queue
+                # another submitter may have installed first.
+                fresh = ChatQueue(chat_id, self._queue_size)
+                fresh._key = key
+                fresh._stripe = stripe
+                fresh._core_ref = self._ref
+                with stripe.lock:
+                    q = queues.setdefault(key, fresh)
+                    if q is fresh:
+                        FD_ADD(&self._chats, 1)
+                        held = len(queues)
+                        if held > stripe.high:
+                            FD_STORE(&stripe.high, held)
+            with q._lock:
+                # G5 (docs/guarantees.md): the worker may have removed this very queue
+                # from the map while we waited for its lock.  Pushing onto
+                # it would give the chat a second queue and a second worker.
+                # (_removed is set in the same critical section as the
+                # removal: it says whether the map still holds this queue,
+                # without running the chat id's __eq__ again.)
+                if not q._removed:
+                    if q._push(item):
+                        queue_len = q._count
+                        start = not q._running
+                        q._running = True
+                    else:
+                        queue_len = -1
+                        if block:
+                            waiter = self._add_waiter_locked(q, item, loop, holder)
+                else:
+                    queue_len = 0   # orphaned queue: retry from the lookup
+            if queue_len:
+                break
+            q = None  # (only now: q's lock must outlive the with-block)
+        if queue_len < 0:
+            if block:
+                if type(waiter) is _Waiter:
+                    return waiter
+                self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
+                                               self._max_waiting), False)
+            self._reject(chat_id, QueueFull(
+                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)),
+                False)
+        if start and loop is None:
+            self._schedule(q)
+        if self._on_queued is not None:
+            try:
+                self._on_queued(chat_id, queue_len)
+            except BaseException as exc:  # the task is queued: submit must return
+                self._hook_failed("on_queued", exc)
+        if loop is None:
+            return None
+        if start:
+            # asubmit, on ``loop``: the chat it now owns starts here, in this
+            # call, as a free asyncio.Lock is taken without a trip through
+            # the loop (a hand-off would cost a callback, a lock and an
+            # entry the timer must watch, per chat that starts).
+            self._drain_chat(q, loop, None)
+        return item

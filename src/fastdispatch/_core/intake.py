@@ -1,0 +1,185 @@
+"""ROOM"""
+
+from time import monotonic
+import contextvars
+
+from .._errors import DispatcherClosed
+from .._errors import QueueFull
+from .._errors import _no_room
+from .._errors import _safe_repr
+from .._types import Future
+from .._types import _checked_wait
+
+from .chats import ChatQueue, _Waiter, _chat_key
+from .items import _cancel_aio, _new_item
+from .loops import _LoopHandoff
+from . import constants
+
+class _Intake(_LoopHandoff):
+    """ROOM DOC"""
+
+    __slots__ = ()
+
+    def submit(self, chat_id, task, *, block=False, timeout=None):
+        """Queue ``task`` for ``chat_id``; return a ``Future`` of its result.
+
+        Cost: O(1) — one dict lookup, one lock, one push; a new chat also
+        allocates its queue, and a chat without a worker is scheduled.
+        Raises ``TypeError`` for bad arguments, ``QueueFull`` when the chat
+        already has ``queue_size`` waiting tasks, ``DispatcherClosed`` after
+        ``close()``; in each case nothing was queued.
+
+        ``block=True``: when the chat is full, this thread waits for room
+        (in turn with the chat's other waiters) instead, at most ``timeout``
+        seconds (None: no limit), then ``QueueFull``.  ``QueueFull`` at
+        once if ``max_waiting`` callers already wait, or if the wait could
+        never end (the caller is the chat's own running task; see
+        https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md#waiting-for-room);
+        ``DispatcherClosed`` if ``close()`` comes first.
+        """
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        future = Future()
+        waiter = self._enqueue(chat_id, task, future, None, block)
+        if waiter is not None:
+            self._wait_for_room(waiter, timeout)
+        return future
+
+    def post(self, chat_id, task, *, block=False, timeout=None):
+        """Like ``submit`` without a Future: the outcome reaches hooks only."""
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        waiter = self._enqueue(chat_id, task, None, None, block)
+        if waiter is not None:
+            self._wait_for_room(waiter, timeout)
+
+    def _enqueue(self, chat_id, task, future, loop=None, block=False, ctx=None):
+        # Queue the task; or, when its chat is full and the caller waits
+        # (``block``), return the _Waiter it must wait on.
+        if chat_id is None:
+            raise TypeError("chat_id must not be None")
+        queues = self._queues
+        key = _chat_key(chat_id)
+        q = queues.get(key)
+        item = _new_item(chat_id, task, future,
+                         monotonic() if self._on_done is not None else 0.0, loop, ctx)
+        holder = self._holder() if block else None
+        # Count the task as pending *before* looking at ``closed``: then a
+        # shutdown() that saw no pending work also made this call see closed.
+        with self._count_lock:
+            self._submitted += 1
+            self._pending += 1
+        if self._closed:
+            self._reject(chat_id, DispatcherClosed("the dispatcher is closed"))
+        while True:
+            if q is None:
+                # Allocate only on a miss; setdefault keeps whichever queue
+                # another submitter may have installed first.
+                fresh = ChatQueue(chat_id, self._queue_size)
+                fresh._key = key
+                fresh.core_ref = self._ref
+                with self._map_lock:
+                    q = queues.setdefault(key, fresh)
+                    if q is fresh:
+                        self._map_high = max(self._map_high, len(queues))
+            with q.lock:
+                # G5 (docs/guarantees.md): the worker may have removed this very queue
+                # from the map while we waited for its lock.  Pushing onto
+                # it would give the chat a second queue and a second worker.
+                # (_removed is set in the same critical section as the
+                # removal: it says whether the map still holds this queue,
+                # without running the chat id's __eq__ again.)
+                if q._removed:
+                    q = None
+                    continue
+                items = q._items
+                if len(items) >= q.capacity:
+                    queue_len = -1
+                    if block:
+                        waiter = self._add_waiter_locked(q, item, loop, holder)
+                else:
+                    items.append(item)
+                    queue_len = len(items)
+                    start = not q.running
+                    q.running = True
+            break
+        if queue_len < 0:
+            if block:
+                if type(waiter) is _Waiter:
+                    return waiter
+                self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
+                                               self._max_waiting))
+            self._reject(chat_id, QueueFull(
+                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
+        if start and loop is None:
+            self._schedule(q)
+        if self._on_queued is not None:
+            try:
+                self._on_queued(chat_id, queue_len)
+            except BaseException as exc:  # the task is queued: submit must return
+                self._hook_failed("on_queued", exc)
+        if loop is None:
+            return None
+        if start:
+            # asubmit, on ``loop``: the chat it now owns starts here, in this
+            # call, as a free asyncio.Lock is taken without a trip through
+            # the loop (a hand-off would cost a callback, a lock and an
+            # entry the timer must watch, per chat that starts).
+            self._drain_chat(q, loop)
+        return item
+
+    async def asubmit(self, chat_id, task, *, block=False, timeout=None):
+        """Queue ``task`` for ``chat_id`` and await its result.
+
+        Must be called from a coroutine on a running event loop
+        (``RuntimeError`` otherwise).  ``task(sc)`` is called on this loop's
+        thread, in a copy of the caller's ``contextvars`` context taken
+        now (as ``asyncio.create_task`` does); when it returns an awaitable,
+        that runs on this loop, in that context, and the chat stays owned
+        until it ends; no thread is held meanwhile.  Returns the task's
+        result or raises what ``submit``'s Future would hold (the task's
+        exception, ``SendTimeout``, ``TaskDiscarded``, ``Cancelled``);
+        ``QueueFull`` and ``DispatcherClosed`` at once.  ``block=True``:
+        a full chat makes this coroutine wait for room as ``submit`` does
+        (holding no thread).  Cancelling the await while it waits for
+        room, or before the task started, skips it; after, the running
+        attempt's awaitable is cancelled (whichever attempt it is) and the
+        chat goes on.
+        """
+        if constants._asyncio is None:
+            import asyncio as _asyncio_module
+            constants._asyncio = _asyncio_module
+        loop = constants._asyncio._get_running_loop()
+        if loop is None:
+            raise RuntimeError(
+                "asubmit() must be awaited in a coroutine running on an event loop "
+                "(e.g. inside asyncio.run()); from a thread without a running loop, "
+                "use submit() or post()")
+        if not callable(task):
+            raise TypeError("task must be callable, got %r" % (type(task).__name__,))
+        if block or timeout is not None:
+            timeout = _checked_wait(timeout)
+        future = loop.create_future()
+        self._async_used = True
+        item = self._enqueue(chat_id, task, future, loop, block, contextvars.copy_context())
+        if type(item) is _Waiter:
+            waiter, item = item, item.item
+            await self._await_room(waiter, timeout, future)
+        try:
+            if future.done():
+                # Its task ended in this call (it returned no awaitable):
+                # still let the loop run others once, as before the chat
+                # started here, so that a loop of such calls cannot starve
+                # them.
+                await constants._asyncio.sleep(0)
+            return await future
+        except constants._asyncio.CancelledError:
+            # The caller cancelled its await: the attempt running now (if
+            # any) is cancelled too; one not started yet is skipped.
+            if future.cancelled():
+                _cancel_aio(item)
+            raise

@@ -1,0 +1,223 @@
+# Guards the lazy creation of SendContext events (rare: only for wait()).
+cdef cython.pymutex _event_lock
+
+@cython.final
+@cython.freelist(256)
+cdef class SendContext:
+    """What a task receives: its chat, its deadline and its cancellation.
+
+    A task should pass it on to blocking calls (``sc.remaining()`` as a
+    timeout) and may poll ``sc.cancelled`` or call ``sc.check()``.
+    ``SendContext(chat_id, deadline=None)`` can be built by hand to test a
+    sender outside a dispatcher.
+    """
+
+    cdef readonly object chat_id
+    cdef double _deadline
+    cdef bint _has_deadline
+    cdef long long _cancel      # atomic; written once, by the outcome's owner
+    cdef object _event          # created on first wait(); under _event_lock
+    cdef object _fn
+    cdef object _future
+    cdef double _t_queued
+    cdef double _t_start
+    cdef Py_ssize_t _queue_len
+    cdef int _attempt
+    cdef object _error          # set when the deadline or force_close() claims it
+    # A running coroutine task's links in the running list (thread tasks
+    # are in their worker's _Runner); guarded by DispatcherCore._run_lock.
+    cdef SendContext _prev
+    cdef SendContext _next
+    cdef bint _registered
+    # A coroutine task (asubmit): the event loop it runs on, the asyncio Task
+    # of the awaitable it returned, and its chat while that runs (None once
+    # its end was claimed: see DispatcherCore._claim; _run_lock); all None
+    # for a thread task.
+    cdef object _loop
+    cdef object _aio
+    cdef ChatQueue _queue
+    # The chat queue of the running attempt (set at its start), through
+    # which report_limit reaches the limiter; None outside a dispatcher.
+    cdef ChatQueue _chatq
+    # asubmit: a copy of the caller's contextvars context, which every
+    # attempt runs in.
+    cdef object _ctx
+
+    def __init__(self, chat_id, deadline=None):
+        self.chat_id = chat_id
+        self._attempt = 1
+        if deadline is not None:
+            self._deadline = float(deadline)
+            self._has_deadline = True
+
+    @property
+    def attempt(self):
+        """Which attempt of the task this is: 1 for the first run."""
+        return self._attempt
+
+    @property
+    def started(self):
+        """``time.monotonic()`` value at which this attempt was called, or None.
+
+        Taken right before the call, after ``on_start``: with pacing, it is
+        the very stamp the rate-limit windows hold.  None when the
+        dispatcher has no pacing, no ``send_timeout`` and no ``on_done`` hook
+        (it then reads no clock per task), or outside a dispatcher.
+        """
+        return self._t_start if self._t_start != 0.0 else None
+
+    @property
+    def deadline(self):
+        """``time.monotonic()`` value at which the task must stop, or None."""
+        return self._deadline if self._has_deadline else None
+
+    def remaining(self):
+        """Seconds left before the deadline (never negative), or None."""
+        if not self._has_deadline:
+            return None
+        return max(0.0, self._deadline - <double>monotonic())
+
+    @property
+    def cancelled(self):
+        """True once the deadline passed or ``force_close()`` ran."""
+        return self._is_cancelled()
+
+    cdef bint _is_cancelled(self) except -1:
+        if FD_LOAD(&self._cancel):
+            return True
+        return self._has_deadline and <double>monotonic() >= self._deadline
+
+    def wait(self, timeout=None):
+        """Block until cancelled or ``timeout`` seconds; return ``cancelled``."""
+        if self._is_cancelled():
+            return True
+        remaining = self.remaining()
+        if remaining is not None and (timeout is None or remaining < timeout):
+            timeout = remaining
+        if timeout is not None and timeout > _TIMEOUT_MAX:
+            timeout = None  # longer than a lock can wait: until cancelled
+        with _event_lock:
+            if FD_LOAD(&self._cancel):
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = _Event()
+        event.wait(timeout)
+        return self._is_cancelled()
+
+    def check(self):
+        """Raise ``Cancelled`` or ``SendTimeout`` if cancelled; else return."""
+        if FD_LOAD(&self._cancel) == _BY_FORCE:
+            raise Cancelled("the dispatcher was force-closed")
+        if self._is_cancelled():
+            raise SendTimeout("the send deadline passed")
+
+    def report_limit(self, remaining, reset_after, *, bucket=None, scope="chat"):
+        """Tell the dispatcher what the platform announced in its answer.
+
+        After this attempt at most ``remaining`` more starts are allowed
+        before ``reset_after`` seconds from now: for this chat
+        (``scope="chat"``), for every chat (``scope="global"``), or for every
+        chat that reports the same ``bucket`` string (``bucket`` wins over
+        ``scope``).  A later report replaces an earlier one for the same
+        bucket.  Bad values raise ``TypeError``/``ValueError`` here, in the
+        task.  Outside a dispatcher the values are checked, then dropped.
+        Cost: O(1) (one lock, a few dict operations).
+        """
+        cdef long long n = _checked_remaining(remaining)
+        cdef double delay = _checked_reset_after(reset_after)
+        cdef bint is_global
+        cdef ChatQueue q
+        if bucket is not None:
+            bucket = _checked_bucket(bucket)
+        is_global = _checked_scope(scope)
+        q = self._chatq
+        if q is not None and q._core_ref is not None:
+            core = q._core_ref()
+            if core is not None:  # held for the call: the limiter reaches it
+                (<DispatcherCore>core)._limiter.learn(q, n, delay, bucket, is_global)
+
+    def __repr__(self):
+        return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
+            _safe_repr(self.chat_id), self.deadline, self.cancelled)
+
+    cdef void _cancel_with(self, long long reason):
+        # Called once, by whoever claimed the task out of the running registry.
+        FD_STORE(&self._cancel, reason)
+        with _event_lock:
+            event = self._event
+        if event is not None:
+            event.set()
+
+
+cdef inline SendContext _new_item(object chat_id, object fn, object future, double t_queued,
+                                  object loop, object ctx):
+    cdef SendContext item = SendContext.__new__(SendContext)
+    item.chat_id = chat_id
+    item._fn = fn
+    item._future = future
+    item._t_queued = t_queued
+    item._attempt = 1
+    item._loop = loop
+    item._ctx = ctx
+    return item
+
+
+def _call_in_context(SendContext item):
+    # In the task's own context (see _start_async): mark it as the running
+    # task there, then call it.
+    _current_task.set(item)
+    return item._fn(item)
+
+
+cdef inline bint _is_awaitable(object o) except -1:
+    cdef int kind = fd_awaitable_kind(o)
+    if kind < 0:
+        return inspect.isawaitable(o)
+    return kind
+
+
+cdef object _awaitable_error(SendContext item, object result):
+    # A thread task that returned a coroutine (or another awaitable) did not
+    # do its work: nothing awaits it on a worker thread.  Close a coroutine
+    # (no "never awaited" warning) and fail the task saying what to use.
+    if inspect.iscoroutine(result):
+        try:
+            result.close()
+        except BaseException:
+            pass
+    return TypeError(
+        "the task for chat %s returned %s, which a worker thread cannot await: "
+        "give coroutine tasks to `await dispatcher.asubmit(chat_id, task)`, which "
+        "runs them on the caller's event loop" % (
+            _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
+
+
+def _aio_set(future, result, error):
+    # On the future's own loop: resolve it, unless it is already done (the
+    # caller cancelled its await).
+    if not future.done():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+cdef bint _on_loop(object loop, object fn, object a, object b, object c) except -1:
+    """Run ``fn(a, b, c)`` on ``loop``: now when this is its thread, else at
+    its next turn.  False when the loop is closed (nothing can run there)."""
+    if _running_loop() is loop:
+        fn(a, b, c)
+        return True
+    try:
+        loop.call_soon_threadsafe(fn, a, b, c)
+    except RuntimeError:  # the loop is closed
+        return False
+    return True
+
+
+def _cancel_aio(SendContext item):
+    # On the loop: cancel the awaitable a coroutine task is running, if any.
+    aio = item._aio
+    if aio is not None:
+        aio.cancel()

@@ -1,0 +1,208 @@
+"""ROOM"""
+
+from time import monotonic
+import inspect
+import threading
+
+from .._errors import Cancelled
+from .._errors import SendTimeout
+from .._errors import _safe_repr
+
+from .constants import _BY_FORCE, _NOT_CANCELLED, _current_task
+from .limiter import _checked_report
+from . import constants
+
+# Guards the lazy creation of SendContext events (rare: only for wait()).
+_event_lock = threading.Lock()
+
+class SendContext:
+    """What a task receives: its chat, its deadline and its cancellation.
+
+    A task should pass it on to blocking calls (``sc.remaining()`` as a
+    timeout) and may poll ``sc.cancelled`` or call ``sc.check()``.
+    ``SendContext(chat_id, deadline=None)`` can be built by hand to test a
+    sender outside a dispatcher.
+    """
+
+    __slots__ = (
+        "chat_id", "_deadline", "_cancel", "_event",
+        "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
+        "_error", "_loop", "_aio", "_queue", "_chatq", "_ctx",
+    )
+
+    def __init__(self, chat_id, deadline=None):
+        self.chat_id = chat_id
+        self._deadline = None if deadline is None else float(deadline)
+        self._cancel = _NOT_CANCELLED
+        self._event = None
+        self._fn = self._future = None
+        self._t_queued = self._t_start = 0.0
+        self._queue_len = 0
+        self._attempt = 1
+        self._error = None  # set when the deadline or force_close() claims it
+        # A coroutine task (asubmit): the event loop it runs on, the asyncio
+        # Task of the awaitable it returned, and its chat while that runs
+        # (None once its end was claimed: see DispatcherCore._claim); all
+        # None for a thread task.
+        self._loop = self._aio = self._queue = self._ctx = None
+        # The chat queue of the running attempt (set at its start), through
+        # which report_limit reaches the limiter; None outside a dispatcher.
+        self._chatq = None
+
+    @property
+    def attempt(self):
+        """Which attempt of the task this is: 1 for the first run."""
+        return self._attempt
+
+    @property
+    def started(self):
+        """``time.monotonic()`` value at which this attempt was called, or None.
+
+        Taken right before the call, after ``on_start``: with pacing, it is
+        the very stamp the rate-limit windows hold.  None when the
+        dispatcher has no pacing, no ``send_timeout`` and no ``on_done`` hook
+        (it then reads no clock per task), or outside a dispatcher.
+        """
+        return self._t_start or None
+
+    @property
+    def deadline(self):
+        """``time.monotonic()`` value at which the task must stop, or None."""
+        return self._deadline
+
+    def remaining(self):
+        """Seconds left before the deadline (never negative), or None."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - monotonic())
+
+    @property
+    def cancelled(self):
+        """True once the deadline passed or ``force_close()`` ran."""
+        if self._cancel:
+            return True
+        return self._deadline is not None and monotonic() >= self._deadline
+
+    def wait(self, timeout=None):
+        """Block until cancelled or ``timeout`` seconds; return ``cancelled``."""
+        if self.cancelled:
+            return True
+        remaining = self.remaining()
+        if remaining is not None and (timeout is None or remaining < timeout):
+            timeout = remaining
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = None  # longer than a lock can wait: until cancelled
+        with _event_lock:
+            if self._cancel:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        event.wait(timeout)
+        return self.cancelled
+
+    def check(self):
+        """Raise ``Cancelled`` or ``SendTimeout`` if cancelled; else return."""
+        if self._cancel == _BY_FORCE:
+            raise Cancelled("the dispatcher was force-closed")
+        if self.cancelled:
+            raise SendTimeout("the send deadline passed")
+
+    def report_limit(self, remaining, reset_after, *, bucket=None, scope="chat"):
+        """Tell the dispatcher what the platform announced in its answer.
+
+        After this attempt at most ``remaining`` more starts are allowed
+        before ``reset_after`` seconds from now: for this chat
+        (``scope="chat"``), for every chat (``scope="global"``), or for every
+        chat that reports the same ``bucket`` string (``bucket`` wins over
+        ``scope``).  A later report replaces an earlier one for the same
+        bucket.  Bad values raise ``TypeError``/``ValueError`` here, in the
+        task.  Outside a dispatcher the values are checked, then dropped.
+        Cost: O(1) (one lock, a few dict operations).
+        """
+        remaining, reset_after, bucket, is_global = _checked_report(
+            remaining, reset_after, bucket, scope)
+        q = self._chatq
+        if q is not None and q.core_ref is not None:
+            core = q.core_ref()
+            if core is not None:
+                core._limiter.learn(q, remaining, reset_after, bucket, is_global)
+
+    def __repr__(self):
+        return "<SendContext chat_id=%s deadline=%r cancelled=%r>" % (
+            _safe_repr(self.chat_id), self._deadline, self.cancelled)
+
+    def _cancel_with(self, reason):
+        # Called once, by whoever claimed the task out of the running registry.
+        self._cancel = reason
+        with _event_lock:
+            event = self._event
+        if event is not None:
+            event.set()
+
+def _new_item(chat_id, fn, future, t_queued, loop=None, ctx=None):
+    item = SendContext.__new__(SendContext)
+    item.chat_id = chat_id
+    item._deadline = None
+    item._cancel = _NOT_CANCELLED
+    item._event = None
+    item._fn = fn
+    item._future = future
+    item._t_queued = t_queued
+    item._t_start = 0.0
+    item._queue_len = 0
+    item._attempt = 1
+    item._error = None
+    item._loop = loop
+    item._ctx = ctx
+    item._aio = item._queue = item._chatq = None
+    return item
+
+def _call_in_context(item):
+    # In the task's own context (see _start_async): mark it as the running
+    # task there, then call it.
+    _current_task.set(item)
+    return item._fn(item)
+
+def _awaitable_error(item, result):
+    # A thread task that returned a coroutine (or another awaitable) did not
+    # do its work: nothing awaits it on a worker thread.  Close a coroutine
+    # (no "never awaited" warning) and fail the task saying what to use.
+    close = getattr(result, "close", None)
+    if inspect.iscoroutine(result) and close is not None:
+        try:
+            close()
+        except BaseException:
+            pass
+    return TypeError(
+        "the task for chat %s returned %s, which a worker thread cannot await: "
+        "give coroutine tasks to `await dispatcher.asubmit(chat_id, task)`, which "
+        "runs them on the caller's event loop" % (
+            _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
+
+def _aio_set(future, result, error):
+    # On the future's own loop: resolve it, unless it is already done (the
+    # caller cancelled its await).
+    if not future.done():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+def _on_loop(loop, fn, *args):
+    """Run ``fn(*args)`` on ``loop``: now when this is its thread, else at
+    its next turn.  False when the loop is closed (nothing can run there)."""
+    if constants._asyncio._get_running_loop() is loop:
+        fn(*args)
+        return True
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed
+        return False
+    return True
+
+def _cancel_aio(item):
+    # On the loop: cancel the awaitable a coroutine task is running, if any.
+    aio = item._aio
+    if aio is not None:
+        aio.cancel()

@@ -1,0 +1,701 @@
+"""ROOM"""
+
+from collections import deque
+from time import monotonic
+import heapq
+
+from .._errors import _safe_repr
+from ..pacing import RateLimit
+
+from .chats import _ChatKey
+from .constants import _B_CHAT, _B_GLOBAL, _B_SHARED, _CHAT, _GLOBAL, _INF, _LEARNED, _MAX_REMAINING, _PARK, _REFETCH, _START, _TIMEOUT_MAX, _allocate_lock, logger
+
+class _Window:
+    """The last ``count`` start times of one rate limit (a sliding window).
+
+    A start is allowed at ``t`` when fewer than ``count`` starts fall in
+    ``(t - per, t]``.  Besides the stamps of starts made, it counts
+    ``pending`` starts: admitted, not yet made (the task is about to be
+    called).  Their time is not known yet, so they count as inside every
+    window until they are stamped (``commit``) or given back (``release``).
+    The window keeps the ``count + 1`` newest stamps, oldest first.
+    Guarded by the limiter's lock.
+    """
+
+    __slots__ = ("count", "per", "stamps", "pending", "dead", "key", "entries", "born")
+
+    def __init__(self, limit, key=None):
+        self.key = key
+        self.entries = 0        # how many times this window is on the expiry list
+        if limit is None:
+            # A chat without a limit: remembered only so that ``limit_for``
+            # is not asked again at every start.
+            self.count, self.per = 0, 1.0
+        else:
+            self.count, self.per = limit.count, limit.per
+        # One stamp more than the limit needs: after pop_newest the window
+        # still knows the ``count`` newest starts made before it.
+        self.stamps = deque(maxlen=self.count + 1)
+        self.pending = 0
+        self.dead = False
+        self.born = 0.0         # when the limiter made it (its "last start" until one)
+
+    def next_start(self, granted=0):
+        """Earliest time at which ``granted + 1`` more starts are allowed.
+
+        Infinite when the pending starts alone fill the window: the next
+        start then waits for one of them to be made (which wakes the timer).
+        """
+        count = self.count
+        if not count:
+            return 0.0
+        stamps = self.stamps
+        m = len(stamps) + self.pending - count + granted + 1
+        if m <= 0:
+            return 0.0
+        if m > len(stamps):
+            return _INF
+        return stamps[m - 1] + self.per
+
+    def last(self):
+        return self.stamps[-1] if self.stamps else self.born
+
+    def add(self, t):
+        self.stamps.append(t)
+
+    def reserve(self):
+        self.pending += 1
+
+    def commit(self, t):
+        """A reserved start was made at ``t`` (no earlier than any stamp)."""
+        self.pending -= 1
+        self.stamps.append(t)
+
+    def release(self):
+        """A reserved start will not be made."""
+        self.pending -= 1
+
+    def pop_newest(self):
+        """Forget the newest stamp (a start the platform refused)."""
+        if self.stamps:
+            self.stamps.pop()
+
+def _checked_report(remaining, reset_after, bucket, scope):
+    # The values of a report_limit call, checked and made plain
+    # (an int or float subclass is read as the exact int or float it holds,
+    # a str subclass as its exact str: nothing user-defined runs past this
+    # point, nor in the limiter's lock or on the timer).  Raises in the task.
+    if type(remaining) is not int:
+        if isinstance(remaining, bool) or not isinstance(remaining, int):
+            raise TypeError("report_limit: remaining must be an int, got %s"
+                            % (type(remaining).__name__,))
+        remaining = int.__int__(remaining)
+    if remaining < 0:
+        raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
+    if remaining > _MAX_REMAINING:
+        remaining = _MAX_REMAINING  # as the compiled core, which keeps a C integer
+    if type(reset_after) is float:
+        delay = reset_after
+    elif type(reset_after) is int or (isinstance(reset_after, int)
+                                      and not isinstance(reset_after, bool)):
+        try:
+            delay = int.__float__(reset_after)
+        except OverflowError:
+            delay = _INF
+    elif isinstance(reset_after, float):
+        delay = float.__float__(reset_after)
+    else:
+        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
+                        % (type(reset_after).__name__,))
+    if delay != delay or delay < 0 or delay > _TIMEOUT_MAX:
+        raise ValueError("report_limit: reset_after must be >= 0 and at most "
+                         "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
+    if bucket is not None:
+        if type(bucket) is not str:
+            if not isinstance(bucket, str):
+                raise TypeError("report_limit: bucket must be a str or None, got %s"
+                                % (type(bucket).__name__,))
+            bucket = str.__str__(bucket)
+        if not bucket:
+            raise ValueError("report_limit: bucket must not be empty")
+    if type(scope) is not str:
+        if not isinstance(scope, str):
+            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
+                            % (type(scope).__name__,))
+        scope = str.__str__(scope)
+    if scope == "chat":
+        is_global = False
+    elif scope == "global":
+        is_global = True
+    else:
+        raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
+    return remaining, delay, bucket, is_global
+
+def _learned_key(q):
+    # The key of a chat's learned budgets: like a window's, one that keeps
+    # equalling the chat's other keys after its queue left the chat map.
+    key = q._key
+    if type(key) is _ChatKey:
+        key = _ChatKey(q.chat_id, key._hash)
+    return key
+
+class _Bucket:
+    """A budget the platform announced (``sc.report_limit``): at most
+    ``remaining`` more starts before ``reset`` (a monotonic time).
+
+    ``pending`` counts starts admitted against it, not made yet (as in
+    ``_Window``); ``commit`` spends one of ``remaining``.  Once ``reset``
+    has passed it no longer applies, and the timer forgets it
+    (``dead``): ``heap_at`` is the time of its one entry on the limiter's
+    forget schedule (None while it has none).  A shared bucket knows the
+    chats that reported it (``members``), whose links to it go with it.
+    Guarded by the limiter's lock.
+    """
+
+    __slots__ = ("kind", "key", "remaining", "reset", "pending", "dead", "heap_at",
+                 "members")
+
+    def __init__(self, kind, key):
+        self.kind = kind
+        self.key = key          # chat key, bucket string, or None (global)
+        self.remaining = 0
+        self.reset = 0.0
+        self.pending = 0
+        self.dead = False
+        self.heap_at = None
+        self.members = set() if kind == _B_SHARED else None
+
+    def spent(self, now):
+        """Whether one more start now would overdraw it (it still applies)."""
+        return self.reset > now and self.remaining - self.pending <= 0
+
+class _Limiter:
+    """Pacing: everything that decides when a chat may start its next task.
+
+    The configured windows (each chat's, the global one), the line of chats
+    waiting their turn under the global limit, the global pause of a
+    ``RetryAfter(scope="global")``, the budgets the platform announced
+    (``learn``: a chat's own, shared buckets, the global one), the wake-up
+    schedule of parked chats, and the expiry lists that forget windows once
+    their last start has left them and budgets once their reset passed.
+    The core asks it once per start (``admit``), tells it when the start is
+    made (``commit``, right before the task is called: the limit holds
+    where the platform sees it) or will not be (``release``), and the timer
+    thread runs ``tick``.  No thread ever sleeps in here.
+
+    Lock: ``lock`` guards every field below, and the pacing fields of a
+    ``ChatQueue`` when the chat changes hands (its owner, a worker or the
+    timer's schedule, uses them otherwise).  It is taken inside a queue's
+    lock (``admit``), never the other way round, and the only lock taken
+    inside it is the timer's (``need_timer``, to wake the timer thread);
+    the timer thread takes it with nothing else held.
+
+    Starts in two steps.  ``admit`` reserves a place in each window the
+    start counts against (``_Window.pending``); ``commit`` stamps them with
+    the time of the call.  A start admitted but not yet made counts as
+    inside every window, so two chats cannot both take the last place, and a
+    slow ``on_start`` hook (or, for a coroutine task, the hop to its event
+    loop) cannot squeeze two calls closer than the window allows.  Learned
+    budgets work the same way (``_Bucket.pending``); a start needs every
+    configured window and every learned budget that covers its chat.
+    A start admitted before a report and made after it counts against the
+    new budget (it is made after the report) even if that leaves it
+    overdrawn: what is under way is not called back.
+
+    Learned budgets cost nothing until the first report: it sets the
+    core's ``_limited`` (``on_learn``), after which every start is
+    admitted here.  Each budget has one entry on the forget schedule
+    (``bucket_heap``), pushed again when a later report moved its reset
+    further: the tables hold only budgets whose reset has not passed.
+    """
+
+    __slots__ = ("lock", "need_timer", "closed", "pause_until", "wakeups", "seq",
+                 "line", "granted", "glob", "chat_limit", "limit_for", "chat_limits",
+                 "configured", "windows", "expiry", "paced", "parked",
+                 "on_learn", "learned", "chat_buckets", "shared", "links", "gbucket",
+                 "bucket_heap")
+
+    def __init__(self, pacing, need_timer, on_learn=None):
+        self.lock = _allocate_lock()
+        self.need_timer = need_timer  # the core's _timer_needed(when)
+        self.closed = False           # force_close(): the line and schedule are gone
+        self.pause_until = 0.0        # a global RetryAfter: no start before this
+        self.wakeups = []             # heap of (time, seq, ChatQueue): parked chats
+        self.seq = 0
+        self.line = deque()           # chats waiting their turn under the global limit
+        self.granted = 0              # starts granted from the line, not yet taken
+        self.glob = None              # _Window of the global limit, or None
+        self.chat_limit = self.limit_for = None
+        self.chat_limits = False      # chats have windows (chat_limit or limit_for)
+        if pacing is not None:
+            if pacing.global_limit is not None:
+                self.glob = _Window(pacing.global_limit)
+            self.chat_limit = pacing.chat_limit
+            self.limit_for = pacing.limit_for
+            self.chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
+        # Whether every start must be admitted (else only a chat with a
+        # retry delay, or any chat during a global pause, is).
+        self.configured = self.glob is not None or self.chat_limits
+        self.windows = {}             # chat key -> _Window (outlives the chat's queue)
+        self.expiry = {}              # per -> deque of _Window, by last start
+        self.paced = self.parked = 0
+        self.on_learn = on_learn      # called once, at the first report
+        self.learned = False          # a report arrived: budgets may exist
+        self.chat_buckets = {}        # chat key -> _Bucket (scope="chat")
+        self.shared = {}              # bucket string -> _Bucket
+        self.links = {}               # chat key -> the shared _Bucket it last reported
+        self.gbucket = None           # the _Bucket of scope="global", or None
+        self.bucket_heap = []         # heap of (time, seq, _Bucket): when to forget
+
+    # -- a chat's window --------------------------------------------------
+
+    def window_for(self, q):
+        """The chat's live window, made on first use (``limit_for`` runs
+        here, outside every lock; its failure is raised to the caller).
+
+        A window outlives the chat's queue until its last start leaves it;
+        the timer then forgets it.  Keyed like the chat map (a hash taken
+        once, an ``__eq__`` that cannot raise), by a key of its own: the
+        queue's key stops equalling others once the queue leaves the map.
+        """
+        chat_id = q.chat_id
+        key = q._key
+        if type(key) is _ChatKey:
+            key = _ChatKey(chat_id, key._hash)
+        window = self.windows.get(key)
+        if window is not None and not window.dead:
+            return window
+        limit = self.chat_limit
+        if self.limit_for is not None:
+            try:
+                own = self.limit_for(chat_id)
+            except Exception as exc:
+                raise TypeError("limit_for(%s) raised %s" % (
+                    _safe_repr(chat_id), type(exc).__name__)) from exc
+            if own is not None:
+                if not isinstance(own, RateLimit):
+                    raise TypeError("limit_for(%s) must return a RateLimit or None, got %r"
+                                    % (_safe_repr(chat_id), type(own).__name__))
+                limit = own
+        fresh = _Window(limit, key)
+        with self.lock:
+            window = self.windows.get(key)
+            if window is None or window.dead:
+                self.windows[key] = window = fresh
+                # On the expiry list from birth: a window whose chat never
+                # starts (force_close, a cancelled task) is forgotten too.
+                fresh.born = monotonic()
+                self._expire_later_locked(fresh)
+        return window
+
+    # -- one start: admit, then commit or release ---------------------------
+
+    def admit(self, q, window):
+        """May ``q`` start its next task now?  Else park it.
+
+        Called by the chat's owner with ``q.lock`` held.  Returns _START
+        (places reserved: ``q.reserved`` says where), _PARK (the chat is on
+        the wake-up schedule or in the line; the timer hands it back) or
+        _REFETCH (its window was forgotten meanwhile: fetch it again).
+        """
+        with self.lock:
+            if self.closed:
+                return _START  # force_close(): the core settles it as cancelled
+            if window is not None and window.dead:
+                q.window = None
+                return _REFETCH
+            now = monotonic()
+            # Time rules first: a retry delay, a global pause, the chat's
+            # own window.  A chat that must wait for them waits alone.
+            until = q.not_before
+            if self.pause_until:
+                if self.pause_until <= now:
+                    self.pause_until = 0.0  # over: back to the fast path
+                elif self.pause_until > until:
+                    until = self.pause_until
+            if window is not None and window.count:
+                t = window.next_start()
+                if t > until:
+                    until = t
+                    if t > now:
+                        q.waited = True
+            buckets = None
+            if self.learned:
+                buckets = self._buckets_of_locked(q)
+                for b in buckets:
+                    if b.spent(now):
+                        q.waited = True
+                        if b.reset > until:
+                            until = b.reset
+            if until > now:
+                if q.granted:
+                    # Hand the granted start back to the line.
+                    q.granted = False
+                    self.granted -= 1
+                    self.need_timer(now)
+                self._park_locked(q, until)
+                return _PARK
+            q.not_before = 0.0
+            reserved = 0
+            # Then the global limit: chats take turns in one line.
+            glob = self.glob
+            if glob is not None:
+                if q.granted:
+                    q.granted = False
+                    self.granted -= 1
+                elif self.line or glob.next_start(self.granted) > now:
+                    q.waited = True
+                    self.line.append(q)
+                    self.parked += 1
+                    self.need_timer(glob.next_start(self.granted))
+                    return _PARK
+                glob.reserve()
+                reserved = _GLOBAL
+            if window is not None and window.count:
+                window.reserve()
+                reserved |= _CHAT
+            if buckets:
+                live = [b for b in buckets if b.reset > now]
+                if live:
+                    for b in live:
+                        b.pending += 1
+                    q.lres = live
+                    reserved |= _LEARNED
+            q.reserved = reserved
+            q.stamped = None
+            if q.waited:
+                q.waited = False
+                self.paced += 1
+        return _START
+
+    def commit(self, q):
+        """The start ``admit`` reserved is being made: stamp it, now.
+
+        Returns the stamp, which the task is called right after.
+        """
+        with self.lock:
+            t = monotonic()
+            reserved, q.reserved = q.reserved, 0
+            if self.closed:
+                q.lres = None
+                return t  # force_close() dropped every window
+            if reserved & _CHAT:
+                window = q.window
+                window.commit(t)
+                self._expire_later_locked(window)
+                q.stamped, q.last_start = window, t
+            if reserved & _GLOBAL:
+                self.glob.commit(t)
+                self._line_changed_locked()
+            if reserved & _LEARNED:
+                lres, q.lres = q.lres, None
+                for b in lres:
+                    b.pending -= 1
+                    b.remaining -= 1
+        return t
+
+    def release(self, q):
+        """The start ``admit`` reserved will not be made (the task was
+        cancelled, or the dispatcher force-closed, before its call)."""
+        with self.lock:
+            reserved, q.reserved = q.reserved, 0
+            if self.closed:
+                q.lres = None
+                return
+            if reserved & _CHAT:
+                window = q.window
+                window.release()
+                self._expire_later_locked(window)
+            if reserved & _GLOBAL:
+                self.glob.release()
+                self._line_changed_locked()
+            if reserved & _LEARNED:
+                lres, q.lres = q.lres, None
+                for b in lres:
+                    b.pending -= 1
+
+    def _line_changed_locked(self):
+        # A pending global start was made or given back: the line's next
+        # grant may have become possible (it was infinitely far while the
+        # pending starts filled the window).  Every change that can make a
+        # grant due wakes the timer, which then never sleeps past it.
+        if self.line:
+            self.need_timer(self.glob.next_start(self.granted))
+
+    def _expire_later_locked(self, window):
+        # Put the window on the timer's list of windows to forget once
+        # their last start has left them (one entry per start, in start
+        # order).  The list of each ``per`` is looked up here and dropped by
+        # the timer once empty, so that the table does not grow with every
+        # distinct ``per`` ever seen.
+        expiry = self.expiry.get(window.per)
+        if expiry is None:
+            expiry = self.expiry[window.per] = deque()
+        if not expiry:
+            self.need_timer(window.last() + window.per)
+        expiry.append(window)
+        window.entries += 1
+
+    # -- budgets the platform announced ---------------------------------------
+
+    def learn(self, q, remaining, reset_after, bucket, is_global):
+        """A task of ``q`` reported a budget (values checked by the caller).
+
+        O(1): one lock, at most three dict operations; a bucket seen for
+        the first time also gets its entry on the forget schedule.
+        """
+        with self.lock:
+            if self.closed:
+                return
+            # Under the lock: a task may report from any thread, even after
+            # its end, while the chat's owner admits its next start.
+            key = q.lkey
+            if key is None:
+                key = q.lkey = _learned_key(q)
+            if not self.learned:
+                self.learned = True
+                if self.on_learn is not None:
+                    self.on_learn()
+            now = monotonic()
+            reset = now + reset_after
+            if bucket is not None:
+                b = self.shared.get(bucket)
+                if b is None:
+                    b = self.shared[bucket] = _Bucket(_B_SHARED, bucket)
+                elif b.reset <= now:
+                    # Its reset passed (the timer has not forgotten it yet):
+                    # the chats that reported it before are no longer in it.
+                    self._unlink_members_locked(b)
+                old = self.links.get(key)
+                if old is not b:
+                    if old is not None:
+                        old.members.discard(key)
+                    self.links[key] = b
+                    b.members.add(key)
+            elif is_global:
+                b = self.gbucket
+                if b is None:
+                    b = self.gbucket = _Bucket(_B_GLOBAL, None)
+            else:
+                b = self.chat_buckets.get(key)
+                if b is None:
+                    b = self.chat_buckets[key] = _Bucket(_B_CHAT, key)
+            b.remaining = remaining
+            b.reset = reset
+            if b.heap_at is None:
+                self._forget_at_locked(b, reset)
+
+    def _forget_at_locked(self, b, when):
+        # The bucket's one entry on the forget schedule; the timer is told
+        # when it becomes the earliest.
+        b.heap_at = when
+        self.seq += 1
+        entry = (when, self.seq, b)
+        heapq.heappush(self.bucket_heap, entry)
+        if self.bucket_heap[0] is entry:
+            self.need_timer(when)
+
+    def _buckets_of_locked(self, q):
+        # The learned budgets that cover ``q``: its own, the shared bucket it
+        # last reported, the global one.
+        found = []
+        if self.chat_buckets or self.links:
+            key = q.lkey
+            if key is None:
+                key = q.lkey = _learned_key(q)
+            b = self.chat_buckets.get(key)
+            if b is not None:
+                found.append(b)
+            b = self.links.get(key)
+            if b is not None:
+                found.append(b)
+        if self.gbucket is not None:
+            found.append(self.gbucket)
+        return found
+
+    def _unlink_members_locked(self, b):
+        # The chats that reported shared bucket ``b`` leave it.
+        links = self.links
+        for key in b.members:
+            if links.get(key) is b:
+                del links[key]
+        b.members = set()
+        if not links:
+            links.clear()
+
+    def _forget_bucket_locked(self, b):
+        # Its reset passed: the budget no longer applies and goes, with the
+        # links of the chats that reported it.  Chat keys' __eq__ cannot
+        # raise (see _ChatKey); the timer goes on whatever happens.
+        b.dead = True
+        try:
+            if b.kind == _B_CHAT:
+                table = self.chat_buckets
+                if table.get(b.key) is b:
+                    del table[b.key]
+            elif b.kind == _B_SHARED:
+                table = self.shared
+                if table.get(b.key) is b:
+                    del table[b.key]
+                self._unlink_members_locked(b)
+            else:
+                table = None
+                if self.gbucket is b:
+                    self.gbucket = None
+            if table is not None and not table:
+                # A dict keeps its largest table after deletions: give back
+                # the memory of a burst of chats.
+                table.clear()
+        except BaseException:
+            logger.exception("could not forget a learned rate limit")
+
+    def retry_at(self, q, until, is_global, refused):
+        """The chat's next attempt may not start before ``until``.
+
+        ``refused``: the platform turned the attempt away (``RetryAfter``),
+        so it is not held against the chat's window as well: its stamp goes.
+        """
+        with self.lock:
+            if refused:
+                window = q.stamped
+                if (window is not None and not window.dead
+                        and window.last() == q.last_start):
+                    window.pop_newest()
+            q.stamped = None
+            if until > q.not_before:
+                q.not_before = until
+            if is_global and until > self.pause_until:
+                self.pause_until = until
+
+    def return_grant(self, q):
+        """The chat left without using the start the line granted it."""
+        with self.lock:
+            if q.granted and not self.closed:  # force_close() reset the line
+                q.granted = False
+                self.granted -= 1
+                if self.line:
+                    self.need_timer(0.0)
+
+    def _park_locked(self, q, until):
+        # Put an owned chat on the wake-up schedule.
+        self.seq += 1
+        heapq.heappush(self.wakeups, (until, self.seq, q))
+        self.parked += 1
+        self.need_timer(until)
+
+    # -- the timer's side -----------------------------------------------------
+
+    def tick(self, now, ready):
+        """Move parked chats whose time came to ``ready``, grant starts from
+        the global line, forget stale windows.  Return when to look again."""
+        with self.lock:
+            until = _INF
+            wakeups = self.wakeups
+            while wakeups:
+                if wakeups[0][0] > now:
+                    until = wakeups[0][0]
+                    break
+                ready.append(heapq.heappop(wakeups)[2])
+                self.parked -= 1
+            line = self.line
+            if line:
+                if self.pause_until > now:
+                    until = min(until, self.pause_until)
+                else:
+                    glob = self.glob
+                    while line and glob.next_start(self.granted) <= now:
+                        q = line.popleft()
+                        q.granted = True
+                        self.granted += 1
+                        self.parked -= 1
+                        ready.append(q)
+                    if line:
+                        # Infinite while pending starts fill the window:
+                        # their commit (or release) wakes the timer.
+                        until = min(until, glob.next_start(self.granted))
+            emptied = []
+            for per, expiry in self.expiry.items():
+                # An entry is stale when its window has later ones (it
+                # started again since) or a start pending (its commit or
+                # release adds a new entry).
+                while expiry:
+                    window = expiry[0]
+                    if window.entries == 1 and not window.pending:
+                        t = window.last() + per
+                        if t > now:
+                            until = min(until, t)
+                            break
+                        self._forget_window_locked(window)
+                    window.entries -= 1
+                    expiry.popleft()
+                if not expiry:
+                    emptied.append(per)
+            for per in emptied:
+                del self.expiry[per]
+            heap = self.bucket_heap
+            while heap:
+                if heap[0][0] > now:
+                    until = min(until, heap[0][0])
+                    break
+                b = heapq.heappop(heap)[2]
+                b.heap_at = None
+                if b.reset > now:
+                    self._forget_at_locked(b, b.reset)  # a later report moved it
+                else:
+                    self._forget_bucket_locked(b)
+            return until
+
+    def _forget_window_locked(self, window):
+        # Its last start left the window: the chat's limit no longer
+        # constrains anything, so the window goes (a chat's next start makes
+        # a new one).  The chat id's __hash__/__eq__ run here: whatever they
+        # do, the timer goes on (the entry is then simply kept).
+        window.dead = True
+        try:
+            if self.windows.get(window.key) is window:
+                del self.windows[window.key]
+                if not self.windows:
+                    # A dict keeps its largest table after deletions: give
+                    # back the memory of a burst of chats.
+                    self.windows.clear()
+        except BaseException:
+            logger.exception("could not forget the rate-limit window of a chat")
+
+    def cancel_all(self):
+        """force_close(): empty the schedule and the line; return the chats
+        that were on them (owned by nobody now)."""
+        with self.lock:
+            self.closed = True
+            parked = [entry[2] for entry in self.wakeups]
+            parked.extend(self.line)
+            self.wakeups = []
+            self.line.clear()
+            self.parked = self.granted = 0
+            self.pause_until = 0.0
+            # Nothing starts any more: no window can constrain anything.
+            for window in self.windows.values():
+                window.dead = True
+            self.windows.clear()
+            self.expiry.clear()
+            self.chat_buckets.clear()
+            self.shared.clear()
+            self.links.clear()
+            self.gbucket = None
+            self.bucket_heap = []
+        return parked
+
+    def counters(self):
+        with self.lock:
+            return self.paced, self.parked
+
+    def state(self):
+        with self.lock:
+            return {"windows": len(self.windows),
+                    "expiry": sum(len(e) for e in self.expiry.values()),
+                    "expiry_lists": len(self.expiry),
+                    "wakeups": len(self.wakeups), "line": len(self.line),
+                    "granted": self.granted, "parked": self.parked,
+                    "pending": self.glob.pending if self.glob is not None else 0,
+                    "buckets": (len(self.chat_buckets) + len(self.shared)
+                                + (self.gbucket is not None)),
+                    "links": len(self.links), "bucket_heap": len(self.bucket_heap)}

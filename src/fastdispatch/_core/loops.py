@@ -1,0 +1,185 @@
+"""ROOM"""
+
+from time import monotonic
+import functools
+import inspect
+
+from .._errors import Cancelled
+from .._errors import _task_call_error
+
+from .constants import _ASYNC, _DONE, _HANDOFF_CHECK, _INF, _LOOP_CHECK, _PANICKED
+from .items import _call_in_context, _cancel_aio
+from .pool import _Pool
+from . import constants
+
+class _LoopHandoff(_Pool):
+    """ROOM DOC"""
+
+    __slots__ = ()
+
+    def _uses_loops(self):
+        """Whether coroutine tasks (asubmit) were ever queued."""
+        return self._async_used
+
+    def _hand_to_loop(self, q, loop):
+        # Give an owned chat whose next task is ``loop``'s to that loop.
+        # False when the loop is closed or not running: that task can never
+        # start there.  A loop that stops before it takes the chat loses it
+        # again to the timer (see _check_loops_locked).
+        if loop.is_closed() or not loop.is_running():
+            return False
+        now = monotonic()
+        with self._run_lock:
+            self._handoffs[q] = (loop, now)
+            self._timer_needed_locked(now + _HANDOFF_CHECK)
+        try:
+            if constants._asyncio._get_running_loop() is loop:
+                loop.call_soon(self._loop_step, q)
+            else:
+                loop.call_soon_threadsafe(self._loop_step, q)
+        except RuntimeError:  # closed meanwhile
+            with self._run_lock:
+                taken = self._handoffs.pop(q, None) is not None
+            return not taken  # else the timer took it back and handed it on
+        return True
+
+    def _loop_step(self, q):
+        # On the loop a chat was handed to: take it (unless the timer took it
+        # back meanwhile) and run its tasks that are this loop's.
+        with self._run_lock:
+            if self._handoffs.pop(q, None) is None:
+                return
+        self._drain_chat(q, constants._asyncio._get_running_loop())
+
+    def _start_async(self, item, q, loop):
+        # On ``loop``'s thread: start one attempt of a coroutine task.
+        # _ASYNC when the awaitable it returned runs on now (its end goes on
+        # with the chat); else it ended at once, and this returns what
+        # _run does.
+        future = item._future
+        if self._forced or future.cancelled():
+            if q.reserved:
+                self._limiter.release(q)
+            error = (Cancelled("the dispatcher was force-closed") if self._forced
+                     else Cancelled("cancelled before it started"))
+            if item._attempt == 1:
+                self._finish(item, error, "cancelled")
+                self._maybe_drained()
+            else:
+                self._settle_started(item, error, "cancelled")
+            return _DONE
+        if not self._begin(item, q):
+            return _DONE
+        result = panic = None
+        ctx = item._ctx
+        try:
+            # In the caller's context (copied at asubmit), never in the
+            # context of whoever started the chat's run.
+            result = ctx.run(_call_in_context, item)
+            error = None
+        except Exception as exc:
+            error = exc if type(exc) is not TypeError else _task_call_error(item.chat_id, exc)
+        except BaseException as exc:
+            error = panic = exc
+        if error is None and inspect.isawaitable(result):
+            try:
+                if inspect.iscoroutine(result):
+                    aio = ctx.run(loop.create_task, result)
+                else:
+                    aio = ctx.run(constants._asyncio.ensure_future, result, loop=loop)
+            except Exception as exc:
+                error = exc
+            else:
+                item._aio = aio
+                with self._run_lock:
+                    item._queue = q
+                    items = self._loop_items.get(loop)
+                    if items is None:
+                        items = self._loop_items[loop] = set()
+                        self._timer_needed_locked(monotonic() + _LOOP_CHECK)
+                    items.add(item)
+                aio.add_done_callback(functools.partial(self._aio_done, item))
+                return _ASYNC
+        return self._end(item, q, result, error, panic)
+
+    def _claim(self, item):
+        # The end of a running coroutine task is handled once: by its loop
+        # (_aio_done), or by the timer when that loop was closed first.
+        # Returns the task's chat to whoever claims it, else None.
+        with self._run_lock:
+            q = item._queue
+            if q is None:
+                return None
+            item._queue = None
+            items = self._loop_items.get(item._loop)
+            if items is not None:
+                items.discard(item)
+                if not items:
+                    del self._loop_items[item._loop]
+        return q
+
+    def _aio_done(self, item, aio):
+        # On the loop: the awaitable of a coroutine task ended.
+        q = self._claim(item)
+        if q is None:
+            return
+        loop = item._loop
+        item._aio = None
+        result = error = panic = None
+        cancelled = aio.cancelled()
+        if not cancelled:
+            error = aio.exception()
+            if error is None:
+                result = aio.result()
+            elif not isinstance(error, Exception):
+                panic = error
+        ran = self._end(item, q, result, error, panic, cancelled)
+        if ran == _PANICKED:
+            self._release_slot()
+        else:
+            # The chat goes on with the slot its ended task held: giving it
+            # back here would wake a chat waiting for one, only for this
+            # chat to take it again first (and that chat to wait again).
+            q.slot_held = True
+            self._drain_chat(q, loop)
+
+    def _end_on_closed_loop(self, item):
+        # The loop of a running coroutine task is closed: its awaitable will
+        # never end there.  End it here, and go on with its chat.
+        q = self._claim(item)
+        if q is None:
+            return
+        item._aio = None
+        ran = self._end(item, q, None, None, None, True)
+        self._release_slot()
+        if ran != _PANICKED:
+            self._dispatch(q)
+
+    def _cancel_async(self, item):
+        # A coroutine task past its deadline, or force-closed: cancel its
+        # awaitable on its loop (or end it here if that loop is closed).
+        try:
+            item._loop.call_soon_threadsafe(_cancel_aio, item)
+        except RuntimeError:
+            self._end_on_closed_loop(item)
+
+    def _check_loops_locked(self, now, revoked, dead):
+        # With _run_lock held (the timer): chats handed to a loop that has
+        # stopped or closed without taking them go back (to ``revoked``);
+        # coroutine tasks of closed loops go to ``dead``.  Returns when to
+        # look again.
+        until = _INF
+        for q, (loop, at) in list(self._handoffs.items()):
+            if now - at < _HANDOFF_CHECK:
+                until = min(until, at + _HANDOFF_CHECK)
+            elif loop.is_closed() or not loop.is_running():
+                del self._handoffs[q]
+                revoked.append(q)
+            else:
+                until = min(until, now + _HANDOFF_CHECK)  # a busy loop: look again
+        for loop, items in list(self._loop_items.items()):
+            if loop.is_closed():
+                dead.extend(items)
+            else:
+                until = min(until, now + _LOOP_CHECK)
+        return until
