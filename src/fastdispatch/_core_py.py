@@ -40,7 +40,7 @@ import weakref
 from collections import OrderedDict, deque
 
 from ._core.chats import ChatQueue, RingBuffer
-from ._core.constants import _AWAKE, _BY_FORCE, _INF, _allocate_lock
+from ._core.constants import _AWAKE, _BY_FORCE, _INF, _Wake, _allocate_lock
 from ._core.intake import _Intake
 from ._core.items import SendContext
 from ._core.limiter import _Limiter, _Window  # noqa: F401  (_Window: the tests' pacing probes)
@@ -69,8 +69,7 @@ class DispatcherCore(_Intake):
         self._stopping = False
         self._run_lock = _allocate_lock()
         self._running = OrderedDict()
-        self._timer_wake = _allocate_lock()
-        self._timer_wake.acquire()
+        self._timer_wake = _Wake()
         self._timer_state = _AWAKE
         self._timer_started = False
         self._timer_stop = False

@@ -61,6 +61,7 @@ cdef class SendContext
 cdef class _Stripe
 cdef class _Window
 cdef class _Bucket
+cdef class _Budgets
 cdef class _Limiter
 cdef class _Runner
 cdef class ChatQueue
@@ -79,6 +80,7 @@ include "_core/items.pxi"
 include "_core/bookkeeping.pxi"
 include "_core/chats.pxi"
 include "_core/waiting.pxi"
+include "_core/budgets.pxi"
 include "_core/limiter.pxi"
 include "_core/histogram.pxi"
 include "_core/deadlines.pxi"

@@ -10,7 +10,12 @@ from .constants import logger
 class _Bookkeeping:
     """ROOM DOC"""
 
-    __slots__ = ()
+    __slots__ = ("_max_inflight", "_queue_size", "_send_timeout", "_idle_timeout", "_on_queued",
+                 "_on_done", "_on_rejected", "_recover", "_limiter", "_ref", "_limited",
+                 "_async_used", "_closed", "_count_lock", "_pending", "_drain_waiters",
+                 "_inflight", "_submitted", "_completed", "_failed", "_rejected", "_discarded",
+                 "_cancelled", "_timed_out", "_retried", "_waiting", "_max_waiting",
+                 "_threads", "_pool_lock")
 
     def _reject(self, chat_id, exc, waited=False):
         # ``waited``: a caller that waited for room (not counted as submitted).

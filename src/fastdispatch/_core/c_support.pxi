@@ -182,23 +182,6 @@ cdef extern from *:
 cdef object _allocate_lock = threading.Lock
 
 
-# Wake-ups.  An idle worker, and the timer, sleep on a wake of their own (a
-# SimpleQueue), in which a waker puts one token.  Not a Lock that the waker
-# releases: on free-threaded CPython, acquiring a Lock that is held spins
-# first (up to 40 sched_yield calls) and only then sleeps, and the wait of
-# a thread going idle is seldom short; SimpleQueue.get sleeps at once.  With
-# more threads than cores (the dispatcher's case) that spin is preemption and
-# wasted CPU; on idle cores it is the faster wake-up (bench/thread_wakes.py
-# measures both, docs/performance.md has the figures).
-cdef inline bint _sleep(object wake, object timeout) except -1:
-    # Take a token: True if one came, False after ``timeout`` seconds
-    # (None: wait for one).
-    try:
-        wake.get(True, timeout)
-    except _Empty:
-        return False
-    return True
-
 cdef object _Event = threading.Event
 cdef object _TIMEOUT_MAX = threading.TIMEOUT_MAX
 cdef double _TIMEOUT_MAX_D = threading.TIMEOUT_MAX

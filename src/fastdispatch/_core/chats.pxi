@@ -360,6 +360,24 @@ cdef class _ChatMap(_Bookkeeping):
             i = (<size_t>h * <size_t>0x9E3779B97F4A7C15ULL) >> (8 * sizeof(size_t) - FD_STRIPE_BITS)
         return <_Stripe>self._stripes[i]
 
+
+    cdef ChatQueue _insert(self, object chat_id, object key, _Stripe stripe):
+        # A new queue for the chat, in the map; or the one another submitter
+        # installed first (setdefault keeps it).  Allocated only on a miss.
+        cdef ChatQueue fresh = ChatQueue(chat_id, self._queue_size)
+        cdef ChatQueue q
+        cdef Py_ssize_t held
+        fresh._key = key
+        fresh._stripe = stripe
+        fresh._core_ref = self._ref
+        with stripe.lock:
+            q = stripe.queues.setdefault(key, fresh)
+            if q is fresh:
+                FD_ADD(&self._chats, 1)
+                held = len(stripe.queues)
+                if held > stripe.high:
+                    FD_STORE(&stripe.high, held)
+        return q
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
         cdef ChatQueue q

@@ -5,7 +5,8 @@ import operator
 import sys
 
 from .bookkeeping import _Bookkeeping
-from .constants import _ELSEWHERE, _KEEP_CHATS, _WORKERS, _W_ADMITTED, _W_WAITING, _allocate_lock
+from .constants import (
+    _allocate_lock, _ELSEWHERE, _KEEP_CHATS, _W_ADMITTED, _W_WAITING, _Wake, _WORKERS)
 
 class RingBuffer:
     """A FIFO of fixed capacity.  ``push`` is O(1) and refuses when full."""
@@ -126,8 +127,7 @@ class _Waiter:
         self.q = q
         self.loop = loop
         if loop is None:
-            self.wake = _allocate_lock()
-            self.wake.acquire()
+            self.wake = _Wake()
         else:
             self.wake = loop.create_future()
         self.state = _W_WAITING
@@ -226,7 +226,7 @@ def _take_head_locked(q):
 class _ChatMap(_Bookkeeping):
     """ROOM DOC"""
 
-    __slots__ = ()
+    __slots__ = ("_queues", "_map_lock", "_map_high")
 
     def queue_len(self, chat_id):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
@@ -240,6 +240,19 @@ class _ChatMap(_Bookkeeping):
     def active_chats(self):
         """Chats that have waiting or running work."""
         return len(self._queues)
+
+    def _insert(self, chat_id, key):
+        # A new queue for the chat, in the map; or the one another submitter
+        # installed first (setdefault keeps it).  Allocated only on a miss.
+        fresh = ChatQueue(chat_id, self._queue_size)
+        fresh._key = key
+        fresh.core_ref = self._ref
+        queues = self._queues
+        with self._map_lock:
+            q = queues.setdefault(key, fresh)
+            if q is fresh:
+                self._map_high = max(self._map_high, len(queues))
+        return q
 
     def _take_head_here_locked(self, q, here):
         # With q.lock held: the chat's next task if it runs here, else

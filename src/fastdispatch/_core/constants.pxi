@@ -10,6 +10,9 @@ cdef enum:
     _AWAKE = 0
     _UNTIL_DEADLINE = 1
     _IDLE = 2
+    # What _timer_round returns instead of a time: look again at once, or end.
+    _TIMER_AGAIN = 0
+    _TIMER_STOP = -1
     # Outcome counters, indexes into DispatcherCore._counts.
     C_COMPLETED = 0
     C_FAILED = 1
@@ -106,3 +109,18 @@ cdef enum:
     _START = 1
     _PARK = 0
     _REFETCH = -1
+
+
+# Wake-ups.  An idle worker, the timer and a thread waiting for room sleep
+# on a wake of their own (a SimpleQueue), in which a waker puts one token.
+# Not a Lock that the waker releases: on free-threaded CPython, acquiring a
+# held Lock spins first and only then sleeps, and the wait of a thread
+# going idle is seldom short; SimpleQueue.get sleeps at once.
+cdef inline bint _sleep(object wake, object timeout) except -1:
+    # Take a token: True if one came, False after ``timeout`` seconds
+    # (None: wait for one).
+    try:
+        wake.get(True, timeout)
+    except _Empty:
+        return False
+    return True

@@ -1,9 +1,10 @@
 """ROOM"""
 
+
 import contextvars
 import logging
 import threading
-from . import constants
+from queue import Empty as _Empty, SimpleQueue as _Wake  # noqa: F401  (the rooms' wakes)
 
 logger = logging.getLogger("fastdispatch")
 
@@ -14,6 +15,8 @@ _NOT_CANCELLED, _BY_TIMEOUT, _BY_FORCE = 0, 1, 2
 # The timer thread's state: awake, asleep until the registry head's deadline,
 # or asleep with nothing to wait for (a task start must wake it).
 _AWAKE, _UNTIL_DEADLINE, _IDLE = 0, 1, 2
+# What _timer_round returns instead of a time: look again at once, or end.
+_TIMER_AGAIN, _TIMER_STOP = 0, -1
 
 # What _call_searcher_locked returns when a new worker thread must start.
 _SPAWN = object()
@@ -41,7 +44,7 @@ _WORKERS = object()
 
 # asyncio, imported by the first asubmit() (a thread-only program never
 # pays for it).
-constants._asyncio = None
+_asyncio = None
 
 # What _next_paced returns besides a task: parked, or look again.
 _PARKED_CHAT, _AGAIN = object(), object()
@@ -80,3 +83,19 @@ _B_CHAT, _B_SHARED, _B_GLOBAL = 0, 1, 2
 
 # What _Limiter.admit returns.
 _START, _PARK, _REFETCH = 1, 0, -1
+
+
+# Wake-ups.  An idle worker, the timer and a thread waiting for room sleep
+# on a wake of their own (a SimpleQueue), in which a waker puts one token.
+# Not a Lock that the waker releases: on free-threaded CPython, acquiring a
+# held Lock spins first and only then sleeps, and the wait of a thread
+# going idle is seldom short; SimpleQueue.get sleeps at once.
+def _sleep(wake, timeout):
+    # Take a token: True if one came, False after ``timeout`` seconds
+    # (None: wait for one).
+    try:
+        wake.get(True, timeout)
+    except _Empty:
+        return False
+    return True
+

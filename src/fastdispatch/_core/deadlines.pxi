@@ -237,97 +237,95 @@ cdef class _Deadlines(_WaitingRoom):
         need starts a new one), so that a dispatcher dropped without
         shutdown() is not kept alive by it.
         """
-        cdef list expired
-        cdef list ready
-        cdef list revoked
-        cdef list dead
-        cdef SendContext item
-        cdef double now, until, delay
-        cdef bint stop, retry, due
-        cdef _Limiter limiter = self._limiter
+        cdef double until
         while True:
-            overdue = []
-            expired = []
-            ready = []
-            revoked = []
-            dead = []
-            with self._run_lock:
-                stop = self._timer_stop
-                if not stop:
-                    self._timer_next = _INF
-                    now = monotonic()
-                    until = _INF
-                    if self._has_timeout:
-                        item = self._run_head
-                        while item is not None and item._deadline <= now:
-                            overdue.append(item)
-                            item = item._next
-                        if item is not None:
-                            until = item._deadline
-                    if self._handoffs or self._loop_items:
-                        until = min(until, (<DispatcherCore>self)._check_loops_locked(now, revoked, dead))
-            if stop:
+            until = self._timer_round()
+            if until == _TIMER_STOP:
                 return
-            if overdue:
-                self._claim_overdue(overdue, expired)
+            if until != _TIMER_AGAIN and not self._timer_sleep(until):
+                return
+
+    cdef double _timer_round(self) except? -3.0:
+        # One look at everything the timer watches, acting on what is due.
+        # Returns when to look next (_INF: nothing to watch), _TIMER_AGAIN
+        # when it acted (which may have made more due), or _TIMER_STOP.
+        cdef list overdue = []
+        cdef list expired = []
+        cdef list ready = []
+        cdef list revoked = []
+        cdef list dead = []
+        cdef SendContext item
+        cdef double now, until
+        with self._run_lock:
+            if self._timer_stop:
+                return _TIMER_STOP
+            self._timer_next = _INF
+            now = monotonic()
+            until = _INF
             if self._has_timeout:
-                until = min(until, self._take_from_runners(now, False, expired))
-            if not expired:
-                until = min(until, limiter.tick(now, ready))
-            for pair in expired:
-                self._expire(<SendContext>(<tuple>pair)[0], _BY_TIMEOUT, (<tuple>pair)[1])
-            for q in ready:
-                (<DispatcherCore>self)._dispatch(<ChatQueue>q)
-            for q in revoked:
-                (<DispatcherCore>self)._schedule(<ChatQueue>q)  # a worker drops the task its loop never started
-            for item in dead:
-                (<DispatcherCore>self)._end_on_closed_loop(item)
-            if expired or ready or revoked or dead:
-                continue
-            with self._run_lock:
-                stop = self._timer_stop
-                if self._timer_next < until:
-                    until = self._timer_next
-                now = monotonic()
-                due = until <= now
-                if not stop and not due:
-                    # About to sleep (only then: a waker releases the wake
-                    # lock once per sleep, as the state says).
-                    self._set_timer_until_locked(until)
-                    self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
-            if stop:
-                return
-            if due:
-                continue  # something became due while we looked
-            if until == _INF:
-                delay = self._idle_timeout
-            else:
-                # A wait longer than TIMEOUT_MAX raises: wake up
-                # earlier and look again (every wait is bounded at its
-                # source too).
-                delay = until - now
-                if delay > _TIMEOUT_MAX_D:
-                    delay = _TIMEOUT_MAX_D
-            if _sleep(self._timer_wake, delay):
-                continue
-            with self._run_lock:
-                stop = self._timer_state == _IDLE
-                if stop:
-                    # Nothing to watch for idle_timeout seconds: end, as an
-                    # idle worker does (the next task with a deadline starts
-                    # a new thread), so that a dispatcher dropped without
-                    # shutdown() is not kept alive by this thread.
-                    self._timer_state = _AWAKE
-                    self._timer_started = False
-                retry = self._timer_state != _AWAKE
-                if retry:
-                    self._timer_state = _AWAKE
-                    self._set_timer_until_locked(_INF)
-            if stop:
-                return
-            if not retry:
-                # Woken just after the timeout: consume that token.
-                _sleep(self._timer_wake, None)
+                item = self._run_head
+                while item is not None and item._deadline <= now:
+                    overdue.append(item)
+                    item = item._next
+                if item is not None:
+                    until = item._deadline
+            if self._handoffs or self._loop_items:
+                until = min(until, (<DispatcherCore>self)._check_loops_locked(now, revoked, dead))
+        if overdue:
+            self._claim_overdue(overdue, expired)
+        if self._has_timeout:
+            until = min(until, self._take_from_runners(now, False, expired))
+        if not expired:
+            until = min(until, self._limiter.tick(now, ready))
+        for pair in expired:
+            self._expire(<SendContext>(<tuple>pair)[0], _BY_TIMEOUT, (<tuple>pair)[1])
+        for q in ready:
+            (<DispatcherCore>self)._dispatch(<ChatQueue>q)
+        for q in revoked:
+            (<DispatcherCore>self)._schedule(<ChatQueue>q)  # a worker drops the task its loop never started
+        for item in dead:
+            (<DispatcherCore>self)._end_on_closed_loop(item)
+        if expired or ready or revoked or dead:
+            return _TIMER_AGAIN
+        return until
+
+    cdef bint _timer_sleep(self, double until) except -1:
+        # Sleep until ``until`` or a wake-up.  False: the thread ends (the
+        # dispatcher stopped it, or it had nothing to watch for idle_timeout).
+        cdef double now, delay
+        with self._run_lock:
+            if self._timer_stop:
+                return False
+            if self._timer_next < until:
+                until = self._timer_next
+            now = monotonic()
+            if until <= now:
+                return True  # something became due while we looked
+            # About to sleep (only then: a waker gives one token per sleep,
+            # as the state says).
+            self._set_timer_until_locked(until)
+            self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+        # A wait longer than TIMEOUT_MAX raises: wake up earlier and look
+        # again (every wait is bounded at its source too).
+        delay = self._idle_timeout if until == _INF else min(until - now, _TIMEOUT_MAX_D)
+        if _sleep(self._timer_wake, delay):
+            return True
+        with self._run_lock:
+            if self._timer_state == _IDLE:
+                # Nothing to watch for idle_timeout seconds: end, as an
+                # idle worker does (the next task with a deadline starts
+                # a new thread), so that a dispatcher dropped without
+                # shutdown() is not kept alive by this thread.
+                self._timer_state = _AWAKE
+                self._timer_started = False
+                return False
+            if self._timer_state != _AWAKE:
+                self._timer_state = _AWAKE
+                self._set_timer_until_locked(_INF)
+                return True
+        # Woken just after the timeout: consume that token.
+        _sleep(self._timer_wake, None)
+        return True
 
     def _stop_timer(self):
         with self._run_lock:

@@ -5,7 +5,9 @@ from time import monotonic
 from .._errors import SendTimeout
 from .._errors import _safe_repr
 
-from .constants import _AWAKE, _BY_TIMEOUT, _IDLE, _INF, _TIMEOUT_MAX, _UNTIL_DEADLINE, logger
+from .constants import (
+    _AWAKE, _BY_TIMEOUT, _IDLE, _INF, _sleep, _TIMEOUT_MAX, _TIMER_AGAIN, _TIMER_STOP,
+    _UNTIL_DEADLINE, logger)
 from .futures import _future_finish
 from .items import _aio_set, _on_loop
 from .waiting import _WaitingRoom
@@ -13,7 +15,9 @@ from .waiting import _WaitingRoom
 class _Deadlines(_WaitingRoom):
     """ROOM DOC"""
 
-    __slots__ = ()
+    __slots__ = ("_run_lock", "_running", "_timer_wake", "_timer_state", "_timer_started",
+                 "_timer_stop", "_timer_until", "_timer_next", "_forced", "_handoffs",
+                 "_loop_items")
 
     def _register(self, item):
         # Enter a starting task in the running registry; False, registering
@@ -59,12 +63,12 @@ class _Deadlines(_WaitingRoom):
             self._wake_timer_locked()
 
     def _wake_timer_locked(self):
-        # Release the timer's wake lock once per sleep (with _run_lock held):
-        # the state flag makes sure we never release it twice.
+        # Wake the sleeping timer (with _run_lock held): one token per
+        # sleep, as the state flag says.
         if self._timer_state != _AWAKE:
             self._timer_state = _AWAKE
             self._timer_until = _INF
-            self._timer_wake.release()
+            self._timer_wake.put(None)
 
     def _timer_main(self):
         """Body of the timer thread: deadlines, parked chats, the global line.
@@ -81,75 +85,89 @@ class _Deadlines(_WaitingRoom):
         need starts a new one), so that a dispatcher dropped without
         shutdown() is not kept alive by it.
         """
-        running = self._running
-        limiter = self._limiter
         while True:
-            expired = []
-            ready = []
-            revoked = []
-            dead = []
-            with self._run_lock:
-                if self._timer_stop:
-                    return
-                self._timer_next = _INF
-                now = monotonic()
-                until = _INF
-                if self._send_timeout is not None:
-                    for item in running:
-                        if item._deadline > now:
-                            until = item._deadline
-                            break
-                        expired.append(item)
-                    for i, item in enumerate(expired):
-                        del running[item]
-                        error = item._error = SendTimeout()  # see _expired_error
-                        expired[i] = (item, error)
-                if self._handoffs or self._loop_items:
-                    until = min(until, self._check_loops_locked(now, revoked, dead))
-            if not expired:
-                until = min(until, limiter.tick(now, ready))
-            for item, error in expired:
-                self._expire(item, _BY_TIMEOUT, error)
-            for q in ready:
-                self._dispatch(q)
-            for q in revoked:
-                self._schedule(q)  # a worker drops the task its loop never started
-            for item in dead:
-                self._end_on_closed_loop(item)
-            if expired or ready or revoked or dead:
-                continue
-            item = q = None  # asleep, it keeps nothing of the tasks it looked at
-            with self._run_lock:
-                if self._timer_stop:
-                    return
-                until = min(until, self._timer_next)
-                now = monotonic()
-                if until <= now:
-                    continue  # something became due while we looked
-                # About to sleep (only then: a waker releases the wake lock
-                # once per sleep, as the state says).
-                self._timer_until = until
-                self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
-            # A lock wait longer than TIMEOUT_MAX raises: wake up earlier
-            # and look again (every wait is bounded at its source too).
-            delay = self._idle_timeout if until == _INF else min(until - now, _TIMEOUT_MAX)
-            woken = self._timer_wake.acquire(True, delay)
-            if not woken:
-                with self._run_lock:
-                    if self._timer_state == _IDLE:
-                        # Nothing to watch for idle_timeout seconds: end, as an
-                        # idle worker does (the next task with a deadline starts
-                        # a new thread), so that a dispatcher dropped without
-                        # shutdown() is not kept alive by this thread.
-                        self._timer_state = _AWAKE
-                        self._timer_started = False
-                        return
-                    if self._timer_state != _AWAKE:
-                        self._timer_state = _AWAKE
-                        self._timer_until = _INF
-                        continue
-                # Woken just after the timeout: consume that release.
-                self._timer_wake.acquire()
+            until = self._timer_round()
+            if until == _TIMER_STOP:
+                return
+            if until != _TIMER_AGAIN and not self._timer_sleep(until):
+                return
+
+    def _timer_round(self):
+        # One look at everything the timer watches, acting on what is due.
+        # Returns when to look next (_INF: nothing to watch), _TIMER_AGAIN
+        # when it acted (which may have made more due), or _TIMER_STOP.
+        expired = []
+        ready = []
+        revoked = []
+        dead = []
+        with self._run_lock:
+            if self._timer_stop:
+                return _TIMER_STOP
+            self._timer_next = _INF
+            now = monotonic()
+            until = _INF
+            if self._send_timeout is not None:
+                running = self._running
+                for item in running:
+                    if item._deadline > now:
+                        until = item._deadline
+                        break
+                    expired.append(item)
+                for i, item in enumerate(expired):
+                    del running[item]
+                    error = item._error = SendTimeout()  # see _expired_error
+                    expired[i] = (item, error)
+            if self._handoffs or self._loop_items:
+                until = min(until, self._check_loops_locked(now, revoked, dead))
+        if not expired:
+            until = min(until, self._limiter.tick(now, ready))
+        for item, error in expired:
+            self._expire(item, _BY_TIMEOUT, error)
+        for q in ready:
+            self._dispatch(q)
+        for q in revoked:
+            self._schedule(q)  # a worker drops the task its loop never started
+        for item in dead:
+            self._end_on_closed_loop(item)
+        if expired or ready or revoked or dead:
+            return _TIMER_AGAIN
+        return until
+
+    def _timer_sleep(self, until):
+        # Sleep until ``until`` or a wake-up.  False: the thread ends (the
+        # dispatcher stopped it, or it had nothing to watch for idle_timeout).
+        with self._run_lock:
+            if self._timer_stop:
+                return False
+            until = min(until, self._timer_next)
+            now = monotonic()
+            if until <= now:
+                return True  # something became due while we looked
+            # About to sleep (only then: a waker gives one token per sleep,
+            # as the state says).
+            self._timer_until = until
+            self._timer_state = _IDLE if until == _INF else _UNTIL_DEADLINE
+        # A wait longer than TIMEOUT_MAX raises: wake up earlier and look
+        # again (every wait is bounded at its source too).
+        delay = self._idle_timeout if until == _INF else min(until - now, _TIMEOUT_MAX)
+        if _sleep(self._timer_wake, delay):
+            return True
+        with self._run_lock:
+            if self._timer_state == _IDLE:
+                # Nothing to watch for idle_timeout seconds: end, as an
+                # idle worker does (the next task with a deadline starts
+                # a new thread), so that a dispatcher dropped without
+                # shutdown() is not kept alive by this thread.
+                self._timer_state = _AWAKE
+                self._timer_started = False
+                return False
+            if self._timer_state != _AWAKE:
+                self._timer_state = _AWAKE
+                self._timer_until = _INF
+                return True
+        # Woken just after the timeout: consume that token.
+        _sleep(self._timer_wake, None)
+        return True
 
     def _stop_timer(self):
         with self._run_lock:

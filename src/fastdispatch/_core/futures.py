@@ -1,5 +1,6 @@
 """ROOM"""
 
+
 from concurrent.futures._base import CANCELLED as _CANCELLED
 from concurrent.futures._base import CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED
 from concurrent.futures._base import PENDING as _PENDING

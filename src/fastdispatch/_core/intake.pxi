@@ -98,13 +98,11 @@ cdef class _Intake(_LoopHandoff):
         # Queue the task; or, when its chat is full and the caller waits
         # (``block``), return the _Waiter it must wait on (else None).
         cdef ChatQueue q
-        cdef ChatQueue fresh
         cdef SendContext item
         cdef Py_ssize_t queue_len
         cdef bint start = False
         cdef _Stripe stripe
         cdef dict queues
-        cdef Py_ssize_t held
         cdef ChatQueue holder = None
         cdef object waiter = None
         if chat_id is None:
@@ -127,19 +125,7 @@ cdef class _Intake(_LoopHandoff):
             self._reject(chat_id, DispatcherClosed("the dispatcher is closed"), False)
         while True:
             if q is None:
-                # Allocate only on a miss; setdefault keeps whichever queue
-                # another submitter may have installed first.
-                fresh = ChatQueue(chat_id, self._queue_size)
-                fresh._key = key
-                fresh._stripe = stripe
-                fresh._core_ref = self._ref
-                with stripe.lock:
-                    q = queues.setdefault(key, fresh)
-                    if q is fresh:
-                        FD_ADD(&self._chats, 1)
-                        held = len(queues)
-                        if held > stripe.high:
-                            FD_STORE(&stripe.high, held)
+                q = self._insert(chat_id, key, stripe)
             with q._lock:
                 # G5 (docs/guarantees.md): the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto

@@ -1,5 +1,6 @@
 """ROOM"""
 
+
 from time import monotonic
 import contextvars
 
@@ -77,15 +78,7 @@ class _Intake(_LoopHandoff):
             self._reject(chat_id, DispatcherClosed("the dispatcher is closed"))
         while True:
             if q is None:
-                # Allocate only on a miss; setdefault keeps whichever queue
-                # another submitter may have installed first.
-                fresh = ChatQueue(chat_id, self._queue_size)
-                fresh._key = key
-                fresh.core_ref = self._ref
-                with self._map_lock:
-                    q = queues.setdefault(key, fresh)
-                    if q is fresh:
-                        self._map_high = max(self._map_high, len(queues))
+                q = self._insert(chat_id, key)
             with q.lock:
                 # G5 (docs/guarantees.md): the worker may have removed this very queue
                 # from the map while we waited for its lock.  Pushing onto

@@ -8,8 +8,8 @@ from .._errors import Cancelled
 from .._errors import SendTimeout
 from .._errors import _safe_repr
 
-from .constants import _BY_FORCE, _NOT_CANCELLED, _current_task
-from .limiter import _checked_report
+from .constants import _BY_FORCE, _current_task, _NOT_CANCELLED
+from .budgets import _checked_report
 from . import constants
 
 # Guards the lazy creation of SendContext events (rare: only for wait()).

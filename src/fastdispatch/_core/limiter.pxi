@@ -94,116 +94,8 @@ cdef class _Window:
             self._len -= 1
 
 
-cdef long long _checked_remaining(object remaining) except -1:
-    # report_limit's ``remaining``, checked.  An int subclass is
-    # read as the plain int it holds (int.__int__), so that nothing
-    # user-defined runs past this point (nor in the limiter's lock).
-    if type(remaining) is not int:
-        if isinstance(remaining, bool) or not isinstance(remaining, int):
-            raise TypeError("report_limit: remaining must be an int, got %s"
-                            % (type(remaining).__name__,))
-        remaining = int.__int__(remaining)
-    if remaining < 0:
-        raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
-    if remaining > _MAX_REMAINING:
-        return _MAX_REMAINING
-    return remaining
-
-
-cdef double _checked_reset_after(object reset_after) except -1.0:
-    # ... its ``reset_after`` (an int or float subclass read as the plain
-    # value it holds).
-    cdef double delay
-    if type(reset_after) is float:
-        delay = reset_after
-    elif type(reset_after) is int or (isinstance(reset_after, int)
-                                      and not isinstance(reset_after, bool)):
-        try:
-            delay = int.__float__(reset_after)
-        except OverflowError:
-            delay = _INF
-    elif isinstance(reset_after, float):
-        delay = float.__float__(reset_after)
-    else:
-        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
-                        % (type(reset_after).__name__,))
-    if delay != delay or delay < 0 or delay > _TIMEOUT_MAX_D:
-        raise ValueError("report_limit: reset_after must be >= 0 and at most "
-                         "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
-    return delay
-
-
-cdef object _checked_bucket(object bucket):
-    # ... its ``bucket``: None or a non-empty str (a subclass read as the
-    # plain str it holds).
-    if type(bucket) is not str:
-        if not isinstance(bucket, str):
-            raise TypeError("report_limit: bucket must be a str or None, got %s"
-                            % (type(bucket).__name__,))
-        bucket = str.__str__(bucket)
-    if not bucket:
-        raise ValueError("report_limit: bucket must not be empty")
-    return bucket
-
-
-cdef bint _checked_scope(object scope) except -1:
-    # ... its ``scope``: True for "global", False for "chat".
-    if type(scope) is not str:
-        if not isinstance(scope, str):
-            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
-                            % (type(scope).__name__,))
-        scope = str.__str__(scope)
-    if scope == "chat":
-        return False
-    if scope == "global":
-        return True
-    raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
-
-
-cdef object _learned_key(ChatQueue q):
-    # The key of a chat's learned budgets: like a window's, one that keeps
-    # equalling the chat's other keys after its queue left the chat map.
-    cdef object key = q._key
-    if type(key) is _ChatKey:
-        key = _rekey(<_ChatKey>key)
-    return key
-
-
 @cython.final
-cdef class _Bucket:
-    """A budget the platform announced (``sc.report_limit``): at most
-    ``remaining`` more starts before ``reset`` (a monotonic time).
-
-    ``pending`` counts starts admitted against it, not made yet (as in
-    ``_Window``); ``commit`` spends one of ``remaining``.  Once ``reset``
-    has passed it no longer applies, and the timer forgets it (``dead``):
-    ``in_heap`` says it has its one entry on the limiter's forget schedule.
-    A shared bucket knows the chats that reported it (``members``), whose
-    links to it go with it.  Guarded by the limiter's lock.
-    """
-
-    cdef int kind
-    cdef object key             # chat key, bucket string, or None (global)
-    cdef long long remaining
-    cdef double reset
-    cdef long long pending
-    cdef bint dead
-    cdef bint in_heap
-    cdef set members
-
-    def __cinit__(self, int kind, key):
-        self.kind = kind
-        self.key = key
-        if kind == _B_SHARED:
-            self.members = set()
-
-    cdef inline bint spent(self, double now):
-        """Whether one more start now would overdraw it (it still applies)."""
-        return self.reset > now and self.remaining - self.pending <= 0
-
-
-@cython.final
-cdef class _Limiter:
+cdef class _Limiter(_Budgets):
     """Pacing: everything that decides when a chat may start its next task.
 
     The configured windows (each chat's, the global one), the line of chats
@@ -243,14 +135,8 @@ cdef class _Limiter:
     budgets whose reset has not passed.
     """
 
-    cdef cython.pymutex _lock
-    # The dispatcher core, borrowed: it owns this limiter and outlives it
-    # (no reference cycle for the collector to find).
-    cdef PyObject *_core
-    cdef bint _closed                 # force_close(): the line and schedule are gone
     cdef double _pause_until          # a global RetryAfter (read unlocked as a hint)
     cdef list _wakeups                # heap of (time, seq, ChatQueue): parked chats
-    cdef long long _seq
     cdef object _line                 # deque: chats waiting their turn (global limit)
     cdef Py_ssize_t _line_len
     cdef long long _granted           # starts granted from the line, not yet taken
@@ -262,22 +148,12 @@ cdef class _Limiter:
     cdef dict _expiry                 # per -> deque of _Window, by last start
     cdef long long _paced
     cdef long long _parked
-    cdef bint _learned                # a report arrived: budgets may exist
-    cdef dict _chat_buckets           # chat key -> _Bucket (scope="chat")
-    cdef dict _shared                 # bucket string -> _Bucket
-    cdef dict _links                  # chat key -> the shared _Bucket it last reported
-    cdef _Bucket _gbucket             # the _Bucket of scope="global", or None
-    cdef list _bucket_heap            # heap of (time, seq, _Bucket): when to forget
 
     def __cinit__(self):
         self._wakeups = []
         self._line = deque()
         self._windows = {}
         self._expiry = {}
-        self._chat_buckets = {}
-        self._shared = {}
-        self._links = {}
-        self._bucket_heap = []
 
     cdef int _configure(self, DispatcherCore core, object pacing) except -1:
         self._core = <PyObject *>core
@@ -291,11 +167,6 @@ cdef class _Limiter:
             self._limit_for = pacing.limit_for
             self._chat_limits = pacing.chat_limit is not None or pacing.limit_for is not None
         self._configured = self._glob is not None or self._chat_limits
-        return 0
-
-    cdef inline int _need_timer(self, double when) except -1:
-        # Make sure the timer looks at its schedules no later than ``when``.
-        (<DispatcherCore>self._core)._timer_needed(when)
         return 0
 
     # -- a chat's window --------------------------------------------------
@@ -352,7 +223,6 @@ cdef class _Limiter:
         _REFETCH (its window was forgotten meanwhile: fetch it again).
         """
         cdef _Window glob
-        cdef _Bucket own = None, shared = None, gb = None
         cdef double now, until, t
         cdef int reserved = 0
         with self._lock:
@@ -377,28 +247,7 @@ cdef class _Limiter:
                     if t > now:
                         q._waited = True
             if self._learned:
-                # The learned budgets that cover the chat: its own, the
-                # shared bucket it last reported, the global one.
-                if self._chat_buckets or self._links:
-                    if q._lkey is None:
-                        q._lkey = _learned_key(q)
-                    if self._chat_buckets:
-                        own = self._chat_buckets.get(q._lkey)
-                    if self._links:
-                        shared = self._links.get(q._lkey)
-                gb = self._gbucket
-                if own is not None and own.spent(now):
-                    q._waited = True
-                    if own.reset > until:
-                        until = own.reset
-                if shared is not None and shared.spent(now):
-                    q._waited = True
-                    if shared.reset > until:
-                        until = shared.reset
-                if gb is not None and gb.spent(now):
-                    q._waited = True
-                    if gb.reset > until:
-                        until = gb.reset
+                until = self._learned_until_locked(q, now, until)
             if until > now:
                 if q._granted:
                     # Hand the granted start back to the line.
@@ -427,18 +276,7 @@ cdef class _Limiter:
                 window._pending += 1
                 reserved |= _CHAT
             if self._learned:
-                if own is not None and own.reset > now:
-                    own.pending += 1
-                    q._lres_chat = own
-                    reserved |= _LEARNED
-                if shared is not None and shared.reset > now:
-                    shared.pending += 1
-                    q._lres_shared = shared
-                    reserved |= _LEARNED
-                if gb is not None and gb.reset > now:
-                    gb.pending += 1
-                    q._lres_glob = gb
-                    reserved |= _LEARNED
+                reserved |= self._reserve_learned_locked(q, now)
             q._reserved = reserved
             q._stamped = None
             if q._waited:
@@ -472,30 +310,6 @@ cdef class _Limiter:
                 self._glob.commit(t)
                 self._line_changed_locked()
         return t
-
-    cdef inline int _take_learned_locked(self, ChatQueue q, bint spend) except -1:
-        # The learned budgets holding a place for q's start: the start is
-        # made (``spend``: one of each budget goes) or given back.
-        cdef _Bucket b
-        b = q._lres_chat
-        if b is not None:
-            q._lres_chat = None
-            b.pending -= 1
-            if spend:
-                b.remaining -= 1
-        b = q._lres_shared
-        if b is not None:
-            q._lres_shared = None
-            b.pending -= 1
-            if spend:
-                b.remaining -= 1
-        b = q._lres_glob
-        if b is not None:
-            q._lres_glob = None
-            b.pending -= 1
-            if spend:
-                b.remaining -= 1
-        return 0
 
     cdef int release(self, ChatQueue q) except -1:
         """The start ``admit`` reserved will not be made (the task was
@@ -543,109 +357,6 @@ cdef class _Limiter:
         return 0
 
     # -- budgets the platform announced ---------------------------------------
-
-    cdef int learn(self, ChatQueue q, long long remaining, double reset_after,
-                   object bucket, bint is_global) except -1:
-        """A task of ``q`` reported a budget (values checked by the caller).
-
-        O(1): one lock, at most three dict operations; a bucket seen for
-        the first time also gets its entry on the forget schedule.
-        """
-        cdef _Bucket b, old
-        cdef double now, reset
-        cdef object key
-        with self._lock:
-            if self._closed:
-                return 0
-            # Under the lock: a task may report from any thread, even after
-            # its end, while the chat's owner admits its next start.
-            key = q._lkey
-            if key is None:
-                key = q._lkey = _learned_key(q)
-            if not self._learned:
-                self._learned = True
-                # From now on every start asks the limiter (a dispatcher
-                # that never learns a limit never pays for it).
-                (<DispatcherCore>self._core)._limited = True
-            now = monotonic()
-            reset = now + reset_after
-            if bucket is not None:
-                b = self._shared.get(bucket)
-                if b is None:
-                    b = _Bucket(_B_SHARED, bucket)
-                    self._shared[bucket] = b
-                elif b.reset <= now:
-                    # Its reset passed (the timer has not forgotten it yet):
-                    # the chats that reported it before are no longer in it.
-                    self._unlink_members_locked(b)
-                old = self._links.get(key)
-                if old is not b:
-                    if old is not None:
-                        old.members.discard(key)
-                    self._links[key] = b
-                    b.members.add(key)
-            elif is_global:
-                b = self._gbucket
-                if b is None:
-                    b = self._gbucket = _Bucket(_B_GLOBAL, None)
-            else:
-                b = self._chat_buckets.get(key)
-                if b is None:
-                    b = _Bucket(_B_CHAT, key)
-                    self._chat_buckets[key] = b
-            b.remaining = remaining
-            b.reset = reset
-            if not b.in_heap:
-                self._forget_at_locked(b, reset)
-        return 0
-
-    cdef int _forget_at_locked(self, _Bucket b, double when) except -1:
-        # The bucket's one entry on the forget schedule; the timer is told
-        # when it becomes the earliest.
-        b.in_heap = True
-        self._seq += 1
-        entry = (when, self._seq, b)
-        _heappush(self._bucket_heap, entry)
-        if self._bucket_heap[0] is entry:
-            self._need_timer(when)
-        return 0
-
-    cdef int _unlink_members_locked(self, _Bucket b) except -1:
-        # The chats that reported shared bucket ``b`` leave it.
-        cdef dict links = self._links
-        for key in b.members:
-            if links.get(key) is b:
-                del links[key]
-        b.members = set()
-        if not links:
-            links.clear()
-        return 0
-
-    cdef int _forget_bucket_locked(self, _Bucket b) except -1:
-        # Its reset passed: the budget no longer applies and goes, with the
-        # links of the chats that reported it.  Chat keys' __eq__ cannot
-        # raise (see _ChatKey); the timer goes on whatever happens.
-        cdef dict table = None
-        b.dead = True
-        try:
-            if b.kind == _B_CHAT:
-                table = self._chat_buckets
-                if table.get(b.key) is b:
-                    del table[b.key]
-            elif b.kind == _B_SHARED:
-                table = self._shared
-                if table.get(b.key) is b:
-                    del table[b.key]
-                self._unlink_members_locked(b)
-            elif self._gbucket is b:
-                self._gbucket = None
-            if table is not None and not table:
-                # A dict keeps its largest table after deletions: give back
-                # the memory of a burst of chats.
-                table.clear()
-        except BaseException:
-            logger.exception("could not forget a learned rate limit")
-        return 0
 
     cdef int retry_at(self, ChatQueue q, double until, bint is_global,
                       bint refused) except -1:

@@ -18,7 +18,8 @@ from .items import _aio_set, _awaitable_error, _on_loop
 class _Outcomes(_Deadlines):
     """ROOM DOC"""
 
-    __slots__ = ()
+    __slots__ = ("_on_start", "_on_retry", "_retry", "_retry_on", "_max_attempts",
+                 "_max_retry_after")
 
     def _drop_dead_head(self, q, loop):
         # The loop the chat's next task belongs to is closed, or stopped

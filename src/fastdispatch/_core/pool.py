@@ -1,13 +1,15 @@
 """ROOM"""
 
 from .chats import _peek_head, _take_head_locked
-from .constants import _AGAIN, _ASYNC, _DONE, _ELSEWHERE, _PANICKED, _PARKED_CHAT, _REFETCH, _SPAWN, _START, _WORKERS, _allocate_lock, logger
+from .constants import (
+    _AGAIN, _ASYNC, _DONE, _ELSEWHERE, _PANICKED, _PARKED_CHAT, _REFETCH, _sleep,
+    _SPAWN, _START, _Wake, _WORKERS, logger)
 from .outcomes import _Outcomes
 
 class _Pool(_Outcomes):
     """ROOM DOC"""
 
-    __slots__ = ()
+    __slots__ = ("_ready", "_idle", "_searching", "_stopping", "_slot_waiters")
 
     def _schedule(self, q):
         # Put a chat that just got work (and has no worker) on the ready list.
@@ -41,7 +43,7 @@ class _Pool(_Outcomes):
         if searcher is None:
             return
         if searcher is not _SPAWN:
-            searcher.release()
+            searcher.put(None)
         else:
             try:
                 self._spawn_worker()
@@ -53,8 +55,7 @@ class _Pool(_Outcomes):
 
     def _worker_main(self):
         """Body of one worker thread: take a ready chat, drain it, repeat."""
-        wake = _allocate_lock()
-        wake.acquire()
+        wake = _Wake()
         searching = True  # a new worker was started as the searcher
         tls = self._tls
         while True:
@@ -89,7 +90,7 @@ class _Pool(_Outcomes):
             if q is not None:
                 self._send_searcher(searcher)
                 return q
-            if wake.acquire(True, self._idle_timeout):
+            if _sleep(wake, self._idle_timeout):
                 searching = True
                 continue
             with self._pool_lock:
@@ -97,8 +98,8 @@ class _Pool(_Outcomes):
                     self._idle.remove(wake)
                     self._threads -= 1
                     return None
-            # A waker popped us just as we timed out; take its release.
-            wake.acquire()
+            # A waker popped us just as we timed out; take its token.
+            _sleep(wake, None)
             searching = True
 
     def _drain_chat(self, q, here=None):
@@ -243,5 +244,5 @@ class _Pool(_Outcomes):
             self._stopping = True
             idle, self._idle = self._idle, []
         for wake in idle:
-            wake.release()
+            wake.put(None)
         self._stop_timer()

@@ -6,14 +6,16 @@ from .._errors import DispatcherClosed
 from .._errors import _wait_ended
 
 from .chats import _ChatMap, _Waiter
-from .constants import _NO_ROOM_CYCLE, _NO_ROOM_LOOP, _NO_ROOM_MAX, _NO_ROOM_SELF, _NO_ROOM_SLOTS, _TIMED_OUT, _W_ADMITTED, _W_CLOSED, _W_GONE, _W_WAITING, _current_task
+from .constants import (
+    _current_task, _NO_ROOM_CYCLE, _NO_ROOM_LOOP, _NO_ROOM_MAX, _NO_ROOM_SELF,
+    _NO_ROOM_SLOTS, _sleep, _TIMED_OUT, _W_ADMITTED, _W_CLOSED, _W_GONE, _W_WAITING)
 from .items import _aio_set, _on_loop
 from . import constants
 
 class _WaitingRoom(_ChatMap):
     """ROOM DOC"""
 
-    __slots__ = ()
+    __slots__ = ("_wait_lock", "_task_waiting", "_tls")
 
     def _add_waiter_locked(self, q, item, loop, holder):
         # With q.lock held, the chat full: enter the caller in the chat's
@@ -84,7 +86,7 @@ class _WaitingRoom(_ChatMap):
     def _wake_waiter(self, waiter):
         # Wake a waiter whose state was decided (under its chat's lock).
         if waiter.loop is None:
-            waiter.wake.release()
+            waiter.wake.put(None)
         else:
             _on_loop(waiter.loop, _aio_set, waiter.wake, None, None)
 
@@ -112,7 +114,7 @@ class _WaitingRoom(_ChatMap):
     def _wait_for_room(self, waiter, timeout):
         # submit/post with block=True: this thread waits for its turn.
         try:
-            woken = waiter.wake.acquire(True, -1 if timeout is None else timeout)
+            woken = _sleep(waiter.wake, timeout)
         except BaseException:
             self._end_wait(waiter, False)
             raise
