@@ -27,7 +27,7 @@ It also reports how many requests per second the FakeTelegramServer serves
 that the tests and the demo know it is not their bottleneck.
 
 ``python -m fastdispatch bench --section telegram`` runs this section alone;
-``bench/bench_telegram.py`` runs the same workloads under pytest-benchmark.
+the suite's ``bench_telegram`` runs the same workloads under pytest-benchmark.
 It needs the ``telegram`` extra (urllib3) and, for the naive baseline,
 ``requests``; without them the section says what is missing.
 """
@@ -47,11 +47,6 @@ TOKEN = "123456:bench"
 
 TITLE = ("Telegram over HTTP (FakeTelegramServer in another process; "
          "ratios within this run)")
-# Seconds on two cores, (full, quick), measured: 25-27 s and 9 s with a load
-# average of 5-7 (3 rounds of each contender, ~1 s and ~3 s, 3 paced runs of
-# ~4 s, the server's rate ~2 s; quick: one of each); 49 s and 19 s at a load
-# average of 2-3 with other jobs' builds running.
-ESTIMATE = ((22, 55), (9, 20))
 
 TARGETS = (
     # label, key, op, bound

@@ -1,7 +1,8 @@
 """The outbox's file: one SQLite database in WAL mode, and the one thread that writes it.
 
 Why one writer thread.  SQLite allows one writer at a time, and a commit
-that is durable costs an ``fsync`` (about 4 ms on a virtual disk).  A
+that is durable costs an ``fsync``, which takes longer than everything
+else a reply does (the repository's ``bench/outbox.py`` measures it).  A
 writer per caller would pay that fsync per reply and queue on SQLite's
 lock; the writer thread instead takes every row that callers handed it
 while it was busy with the last commit and commits them together (group
