@@ -326,3 +326,53 @@ def test_the_performance_page_gives_one_comparison_recipe_on_the_comparison_modu
     block = block.split("```")[0]
     installs = [ln for ln in block.splitlines() if ln.startswith("pip install")]
     assert len(installs) == 2 and all("==" in ln and "--upgrade" not in ln for ln in installs)
+
+
+def test_the_package_holds_only_what_the_command_and_the_suite_import():
+    # The wheel ships what a user runs: the bench command and the
+    # pytest-benchmark suite.  Design experiments and their diaries live in
+    # the repository's bench/ (and bench/notes/): every module of
+    # fastdispatch.bench is one the command or the suite imports, directly
+    # or through another (a section is imported by its registered name).
+    import ast
+    import os
+    package = os.path.dirname(bench.__file__)
+    suite = os.path.join(package, "suite")
+
+    def imported_by(path):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        in_suite = os.path.dirname(path) == suite
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1 and not in_suite:
+                    base = node.module
+                elif node.module and node.module.startswith("fastdispatch.bench."):
+                    base = node.module[len("fastdispatch.bench."):]
+                elif node.module == "fastdispatch.bench" or (node.level == 1 and in_suite):
+                    base = None
+                else:
+                    continue
+                if base:
+                    names.add(base.split(".")[0])
+                else:
+                    names.update(alias.name for alias in node.names)
+        return names
+
+    modules = {name[:-3] for name in os.listdir(package)
+               if name.endswith(".py") and name != "__init__.py"}
+    todo = ["cli"] + list(bench.SECTIONS) + [
+        os.path.join(suite, name) for name in os.listdir(suite) if name.endswith(".py")]
+    reached = set()
+    while todo:
+        item = todo.pop()
+        path = item if os.path.isabs(item) else os.path.join(package, item + ".py")
+        if path in reached or not os.path.exists(path):
+            continue
+        reached.add(path)
+        todo.extend(name for name in imported_by(path) if name in modules)
+    unused = sorted(m for m in modules if os.path.join(package, m + ".py") not in reached)
+    assert not unused, ("modules of fastdispatch.bench that neither the bench command nor "
+                        "the suite imports (the lab belongs in the repository's bench/): %s"
+                        % unused)
