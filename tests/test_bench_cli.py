@@ -10,6 +10,7 @@ picked.
 
 import importlib
 import inspect
+import json
 import subprocess
 import sys
 import types
@@ -20,18 +21,63 @@ from fastdispatch import bench
 from fastdispatch.bench import cli, report
 
 
-@pytest.mark.parametrize("name", bench.SECTIONS)
+@pytest.mark.parametrize("name", list(bench.SECTIONS))
 def test_every_registered_section_follows_the_convention(name):
     section = importlib.import_module("fastdispatch.bench." + name)
     assert isinstance(section.TITLE, str) and section.TITLE
     params = list(inspect.signature(section.run).parameters)
     assert params[:2] == ["quick", "progress"]
-    if hasattr(section, "ESTIMATE"):
-        (full_lo, full_hi), (quick_lo, quick_hi) = section.ESTIMATE
-        assert 0 <= quick_lo <= quick_hi and 0 <= full_lo <= full_hi and quick_hi <= full_hi
-        assert full_hi > 0
+    (full_lo, full_hi), (quick_lo, quick_hi) = bench.SECTIONS[name]   # its time estimate
+    assert 0 <= quick_lo <= quick_hi and 0 <= full_lo <= full_hi and quick_hi <= full_hi
+    assert full_hi > 0
+    assert not hasattr(section, "ESTIMATE")     # one statement of it: the registry's
     header = getattr(section, "HEADER", report.HEADER)
     assert len(header) >= 2
+
+
+# What each --help imports beyond ``import fastdispatch``: run in a fresh
+# interpreter, the command line as ``python -m fastdispatch`` runs it.
+_PROBE = """\
+import json, runpy, sys
+import fastdispatch
+before = set(sys.modules)
+sys.argv = ["python -m fastdispatch"] + sys.argv[1:]
+try:
+    runpy.run_module("fastdispatch", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+sys.stdout.write("\\nMODULES " + json.dumps(sorted(set(sys.modules) - before)) + "\\n")
+"""
+
+# Modules no --help may load: the sections' and the platforms' dependencies.
+_HEAVY = ("asyncio", "multiprocessing", "subprocess", "json", "tracemalloc", "statistics",
+          "aiohttp", "telegram", "aiogram", "telebot", "urllib3", "requests", "httpx",
+          "prometheus_client", "opentelemetry.sdk", "nacl", "cryptography", "websockets",
+          "cheroot", "matplotlib", "nats", "redis", "pytest", "pytest_benchmark")
+
+
+def _help_imports(*args):
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout
+    return json.loads(proc.stdout.rsplit("MODULES ", 1)[1])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["bench", "--help"]], ids=" ".join)
+def test_help_imports_nothing_beyond_the_package_and_the_command_line(args):
+    # --help is what a user runs first, and what shell completion and
+    # packaging checks run: it loads no benchmark section (they import
+    # asyncio, HTTP clients, the OpenTelemetry SDK) and no platform.
+    loaded = _help_imports(*args)
+    ours = [m for m in loaded if m.split(".")[0] == "fastdispatch"]
+    assert ours == ([] if args == ["--help"] else ["fastdispatch.bench", "fastdispatch.bench.cli"])
+    heavy = [m for m in loaded if any(m == h or m.startswith(h + ".") for h in _HEAVY)]
+    assert not heavy, heavy
+    if hasattr(sys, "stdlib_module_names"):     # 3.10+: nothing from outside the stdlib
+        others = [m for m in loaded if m.split(".")[0] != "fastdispatch"
+                  and m.split(".")[0] not in sys.stdlib_module_names]
+        assert not others, others
 
 
 def _fake_section(rows):
@@ -43,11 +89,12 @@ def _fake_section(rows):
         return rows
 
     return types.SimpleNamespace(__name__="fastdispatch.bench.fake", TITLE="Fake section",
-                                 ESTIMATE=((20, 40), (5, 10)), run=run), calls
+                                 run=run), calls
 
 
 def test_the_command_estimates_its_time_and_reports_progress(monkeypatch, capsys):
     section, calls = _fake_section([("a measure", "1 ms", "2 ms", "0.50", "<= 1", "met")])
+    monkeypatch.setattr(cli, "SECTIONS", {"fake": ((20, 40), (5, 10))})
     monkeypatch.setattr(cli, "load_sections", lambda names=None: [section])
     assert cli.main(["--quick"]) == 0
     out, err = capsys.readouterr()
@@ -153,21 +200,19 @@ def test_bench_rejects_bad_arguments():
         assert proc.returncode == 2 and "usage:" in proc.stderr, args
 
 
-def test_time_estimates_have_one_source_the_sections_and_every_help_agrees():
-    # The sections' ESTIMATEs are the only statement of how long the bench
+def test_time_estimates_have_one_source_the_registry_and_every_help_agrees():
+    # The registry's estimates are the only statement of how long the bench
     # command takes: both --help texts print them, and no page repeats a
     # figure that could drift from them.
     import os
     import re
-    sections = cli.load_sections()
     top = subprocess.run([sys.executable, "-m", "fastdispatch", "--help"],
                          capture_output=True, text=True, timeout=60).stdout
     assert "'bench --help' says how long" in " ".join(top.split())
     bench_help = subprocess.run([sys.executable, "-m", "fastdispatch", "bench", "--help"],
                                 capture_output=True, text=True, timeout=60).stdout
     assert cli.estimates_text() in bench_help
-    for name, section in zip(bench.SECTIONS, sections):
-        full, quick = section.ESTIMATE
+    for name, (full, quick) in bench.SECTIONS.items():
         assert re.search(r"%s\s+%s\s+\(%s\)" % (name, re.escape(cli.span(*full)),
                                                  re.escape(cli.span(*quick))), bench_help), name
     # A section that measures nothing here says so, not "1-1 s".
@@ -190,17 +235,6 @@ def test_time_estimates_have_one_source_the_sections_and_every_help_agrees():
                                               seconds_range.search(paragraph).group()))
     assert not quoted, ("pages quote the bench command's time; point to "
                         "'python -m fastdispatch bench --help' instead: %s" % quoted)
-
-
-def test_a_section_with_nothing_to_measure_says_so_in_the_help(monkeypatch):
-    from fastdispatch.bench import freethreading
-    if freethreading._configured():
-        pytest.skip("this interpreter is free-threaded or FASTDISPATCH_BENCH_PYTHONS is set: "
-                    "the section measures here")
-    text = cli.estimates_text()
-    (line,) = [ln for ln in text.splitlines() if ln.split()[:1] == ["freethreading"]]
-    assert "under 1 s" in line
-    assert "nothing to measure here" in text and "FASTDISPATCH_BENCH_PYTHONS" in text
 
 
 def test_the_suite_says_why_a_target_was_missed():
@@ -292,3 +326,53 @@ def test_the_performance_page_gives_one_comparison_recipe_on_the_comparison_modu
     block = block.split("```")[0]
     installs = [ln for ln in block.splitlines() if ln.startswith("pip install")]
     assert len(installs) == 2 and all("==" in ln and "--upgrade" not in ln for ln in installs)
+
+
+def test_the_package_holds_only_what_the_command_and_the_suite_import():
+    # The wheel ships what a user runs: the bench command and the
+    # pytest-benchmark suite.  Design experiments and their diaries live in
+    # the repository's bench/ (and bench/notes/): every module of
+    # fastdispatch.bench is one the command or the suite imports, directly
+    # or through another (a section is imported by its registered name).
+    import ast
+    import os
+    package = os.path.dirname(bench.__file__)
+    suite = os.path.join(package, "suite")
+
+    def imported_by(path):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        in_suite = os.path.dirname(path) == suite
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1 and not in_suite:
+                    base = node.module
+                elif node.module and node.module.startswith("fastdispatch.bench."):
+                    base = node.module[len("fastdispatch.bench."):]
+                elif node.module == "fastdispatch.bench" or (node.level == 1 and in_suite):
+                    base = None
+                else:
+                    continue
+                if base:
+                    names.add(base.split(".")[0])
+                else:
+                    names.update(alias.name for alias in node.names)
+        return names
+
+    modules = {name[:-3] for name in os.listdir(package)
+               if name.endswith(".py") and name != "__init__.py"}
+    todo = ["cli"] + list(bench.SECTIONS) + [
+        os.path.join(suite, name) for name in os.listdir(suite) if name.endswith(".py")]
+    reached = set()
+    while todo:
+        item = todo.pop()
+        path = item if os.path.isabs(item) else os.path.join(package, item + ".py")
+        if path in reached or not os.path.exists(path):
+            continue
+        reached.add(path)
+        todo.extend(name for name in imported_by(path) if name in modules)
+    unused = sorted(m for m in modules if os.path.join(package, m + ".py") not in reached)
+    assert not unused, ("modules of fastdispatch.bench that neither the bench command nor "
+                        "the suite imports (the lab belongs in the repository's bench/): %s"
+                        % unused)

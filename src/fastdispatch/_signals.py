@@ -5,11 +5,11 @@ bytecodes, which may be inside a critical section the main thread holds: an
 Event's own (the main thread waiting in ``stop.wait(0.2)`` for that very
 signal), logging's, a lock of the caller's.  A handler that sets an Event,
 logs, or calls a worker's ``stop()`` may then wait for a lock its own thread
-holds, and the process hangs until it is killed.  Measured: a main thread
-that loops on ``Event.wait`` held that Event's lock when 145 of 48,812
-signals were handled on free-threaded 3.13 (none of about 50,000 with the
-GIL); one that calls a function inside ``with lock:`` held the lock for 103
-of 938 on 3.11.
+holds, and the process hangs until it is killed.  This is not a corner
+case: a main thread that loops on ``Event.wait``, or calls a function inside
+``with lock:``, is caught holding that lock by a fair share of the signals
+it receives (how often, on which builds: the repository's
+``bench/notes/figures-behind-the-code.md``).
 
 So the handler :class:`SignalRelay` installs only puts the signal number on
 a ``queue.SimpleQueue``, whose ``put`` is reentrant (CPython makes that

@@ -43,7 +43,8 @@ of bucket counts, written only by their own thread, so no lock is taken per
 task and nothing relies on the GIL); the collector adds the threads' lists
 up when scraped.  A thread's counts are folded into a retired total when the
 thread ends (workers come and go with ``idle_timeout``), so memory does not
-grow with thread churn.  ``bench/bench_metrics.py`` measures the cost.
+grow with thread churn.  ``python -m fastdispatch bench --section metrics``
+(and the suite's ``bench_metrics``) measures the cost.
 
 Locks, and what each guards:
 

@@ -44,14 +44,12 @@ from collections import defaultdict
 from .. import _core_py
 from .contenders import _dispatcher_class, compiled_core
 
-__all__ = ["TITLE", "ESTIMATE", "HEADER", "FLOOR", "CONTENDERS", "run", "in_flight",
+__all__ = ["TITLE", "HEADER", "FLOOR", "CONTENDERS", "run", "in_flight",
            "cpu_per_task", "measure_rounds", "summarize"]
 
 TITLE = ("asyncio: coroutine tasks, CPU per task as a ratio to the floor "
          "(a per-chat asyncio.Lock + a global Semaphore), in this run")
 HEADER = ("measure", "contender", "us per task", "/ floor (median)", "target", "verdict")
-# measured on two shared cores at a load average of about 8
-ESTIMATE = ((25, 70), (12, 35))
 
 LATENCY = 0.05
 FLOOR = "lock+semaphore"

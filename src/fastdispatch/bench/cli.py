@@ -1,21 +1,18 @@
-"""``python -m fastdispatch bench``: run the registered sections and print their tables."""
+"""``python -m fastdispatch bench``: run the registered sections and print their tables.
+
+``--help`` reads the registry (:data:`fastdispatch.bench.SECTIONS`) and
+imports no section: the sections load when they run.
+"""
 
 import argparse
 import importlib
 import sys
 import time
 
-from . import SECTIONS, dispatcher
-from .dispatcher import QUICK_SCALE, RUNS
-from .contenders import _ringbuf
-from .report import HEADER, describe_machine, format_table
+from . import QUICK_SCALE, RUNS, SECTIONS
 
 __all__ = ["main"]
 
-
-# --plot's sweeps, seconds on two cores: about 40 s idle (measured before the
-# split); the busy end scaled like the targets' (x3), not measured.
-PLOT_ESTIMATE = (40, 120)
 
 NOISE_NOTE = """\
 Each ratio is the median of same-round ratios (both sides measured in the
@@ -37,15 +34,13 @@ def _progress_printer():
     return progress
 
 
-def estimate(sections, quick, plot=False):
-    """(low, high) seconds for a run of ``sections`` on a two-core machine."""
+def estimate(names, quick):
+    """(low, high) seconds for a run of the sections ``names`` on a two-core machine."""
     low = high = 0
-    for section in sections:
-        full, fast = getattr(section, "ESTIMATE", ((0, 0), (0, 0)))
+    for name in names:
+        full, fast = SECTIONS[name]
         lo, hi = fast if quick else full
         low, high = low + lo, high + hi
-    if plot:
-        low, high = low + PLOT_ESTIMATE[0], high + PLOT_ESTIMATE[1]
     return low, high
 
 
@@ -57,36 +52,32 @@ def span(low, high):
 def estimates_text():
     """The time each section takes, for ``--help``: the one place these are stated.
 
-    The figures are the sections' ``ESTIMATE`` (and ``PLOT_ESTIMATE``); the
-    README and the documentation refer here instead of quoting them.
+    The figures are the registry's (:data:`fastdispatch.bench.SECTIONS`);
+    the README and the documentation refer here instead of quoting them.
     """
-    sections = load_sections()
     lines = ["time on two cores (the upper end on a busy machine; with --quick in parentheses):"]
-    full, quick = estimate(sections, False), estimate(sections, True)
+    full, quick = estimate(SECTIONS, False), estimate(SECTIONS, True)
     lines.append("  %-13s %-11s (%s)" % ("all sections", span(*full), span(*quick)))
-    for name, section in zip(SECTIONS, sections):
-        full, quick = estimate([section], False), estimate([section], True)
+    for name in SECTIONS:
+        full, quick = estimate([name], False), estimate([name], True)
         lines.append("  %-13s %-11s (%s)" % (name, span(*full), span(*quick)))
-        note = getattr(section, "ESTIMATE_NOTE", None)
-        if note:
-            lines.append("  %-13s %s" % ("", note))
-    lines.append("  %-13s %s more" % ("--plot", span(*PLOT_ESTIMATE)))
     return "\n".join(lines)
 
 
-def load_sections(names=SECTIONS):
+def load_sections(names=tuple(SECTIONS)):
     """The section modules, in registry order."""
     return [importlib.import_module("." + name, __package__) for name in names]
 
 
 def main(argv=None):
-    """``python -m fastdispatch bench [--quick] [--section NAME] [--plot FILE.png]``;
+    """``python -m fastdispatch bench [--quick] [--section NAME]``;
     ``python -m fastdispatch bench flood [...]``: the plug-ins under a flood
     (:mod:`fastdispatch.bench.flood`, a few minutes; not a section)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["flood"]:
         from .flood import main as flood_main
         return flood_main(argv[1:])
+    names = list(SECTIONS)
     parser = argparse.ArgumentParser(
         prog="python -m fastdispatch bench",
         description="Measure fastdispatch against a thread pool, a naive per-chat "
@@ -97,12 +88,8 @@ def main(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="fewer rounds (x%g): a first look, noisier" % QUICK_SCALE)
-    parser.add_argument("--section", action="append", choices=SECTIONS, metavar="NAME",
-                        help="run only this section (repeatable; one of: %s)"
-                             % ", ".join(SECTIONS))
-    parser.add_argument("--plot", metavar="FILE.png",
-                        help="also sweep chats and producer threads and draw the "
-                             "throughput (needs matplotlib)")
+    parser.add_argument("--section", action="append", choices=names, metavar="NAME",
+                        help="run only this section (repeatable; one of: %s)" % ", ".join(names))
     parser.add_argument("--rounds-scale", type=float, default=1.0, metavar="X",
                         help="multiply the dispatcher section's number of rounds "
                              "(default 1.0)")
@@ -116,19 +103,18 @@ def main(argv=None):
         parser.error("--rounds-scale must be > 0, got %g" % args.rounds_scale)
     if args.runs < 1:
         parser.error("--runs must be >= 1, got %d" % args.runs)
-    if args.plot:
-        try:
-            import matplotlib  # type: ignore[import-not-found]  # noqa: F401  (fail early)
-        except ImportError:
-            parser.error("--plot needs matplotlib: pip install 'fastdispatch[plot]'")
+
+    from . import dispatcher
+    from .contenders import _ringbuf
+    from .report import HEADER, describe_machine, format_table
 
     print("fastdispatch bench -- %s" % describe_machine())
     if _ringbuf is None:
         print("WARNING: the compiled core is missing; 'fastdispatch' below is the "
               "pure-Python twin.")
-    sections = load_sections(args.section or SECTIONS)
-    low, high = estimate(sections, args.quick, bool(args.plot))
-    quick_low, quick_high = estimate(sections, True, bool(args.plot))
+    chosen = [name for name in names if name in (args.section or names)]
+    low, high = estimate(chosen, args.quick)
+    quick_low, quick_high = estimate(chosen, True)
     sys.stdout.flush()
     sys.stderr.write("estimated time: %.0f-%.0f s on two cores (the upper end on a busy "
                      "machine)%s; progress below\n"
@@ -137,6 +123,7 @@ def main(argv=None):
                         % (quick_low * args.rounds_scale, quick_high * args.rounds_scale)))
     progress = _progress_printer()
     t0 = time.perf_counter()
+    sections = load_sections(chosen)
     for section in sections:
         progress("section: %s" % section.TITLE)
         if section is dispatcher:
@@ -146,11 +133,6 @@ def main(argv=None):
             rows = section.run(args.quick, progress)
         print("\n" + section.TITLE)
         print(format_table(getattr(section, "HEADER", HEADER), rows))
-    if args.plot:
-        from .plot import plot, run_sweeps
-        by_chats, by_producers = run_sweeps(max(3, int(round(3 * args.rounds_scale))), progress)
-        plot(by_chats, by_producers, args.plot)
-        print("\nplot written to %s" % args.plot)
     if dispatcher in sections:
         print("\n" + NOISE_NOTE % args.runs)
     print("\n(%.0f s)" % (time.perf_counter() - t0))

@@ -24,8 +24,9 @@ per ``per`` lets ``n`` requests finish no sooner than ``((n - 1) // count)
 * per``; the larger of the channel's and the global bound).
 
 It also times a task that reports a limit against one that does not,
-through a dispatcher without HTTP (the cost of learned limits per task; the
-instruction counts are in docs/performance.md).
+through a dispatcher without HTTP (the cost of learned limits per task;
+the repository's ``bench/instructions.py --learned`` counts it without
+timing noise).
 
 ``python -m fastdispatch bench --section discord`` runs it;
 ``bench/discord_learned.py`` prints the same table from the repository.
@@ -40,9 +41,6 @@ TOKEN = "MTEwMDAwMDAwMDAwMDAwMDAwMQ.bench.token"
 
 TITLE = "Discord: learned limits against retry-on-429 (FakeDiscordServer, limits / %g)" % SPEEDUP
 HEADER = ("measure", "fastdispatch", "naive", "ratio", "target", "")
-# Seconds on two cores (full, quick), measured at a load average of 11: three
-# runs of 4-5 s and the naive one in bursts, 39 s; quick: round-robin only.
-ESTIMATE = ((45, 90), (9, 20))
 
 
 def min_time(n, count, per):

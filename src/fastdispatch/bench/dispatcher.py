@@ -7,27 +7,14 @@ have CLI rounds, then the tracemalloc figures, and evaluates
 
 import statistics
 
+from . import QUICK_SCALE, RUNS
 from .memory import MEMORY_IMPLS, queued_post_bytes, retained_after_chats
 from .report import format_table, ratio_rows, round_maps, scenario_rows
 from .scenarios import SCENARIOS, time_rounds
 
-__all__ = ["TITLE", "ESTIMATE", "run", "measure"]
+__all__ = ["TITLE", "run", "measure"]
 
 TITLE = "Dispatcher targets (medians; ratios within this run)"
-
-QUICK_SCALE = 0.4       # --quick: rounds x 0.4 (at least 3 per scenario)
-
-# How many times the whole section is measured (--runs).  Every run made is
-# reported: a target's ratio is the median of its same-round ratios over
-# all of them, never a best run, whatever the verdict.
-RUNS = 1
-
-# Seconds on a two-core machine ((full), (--quick)), for one run.
-# Measured: full 22 s and --quick 16 s at a load average of 1-3; full 35 s
-# and 59 s, --quick 20 s and 26 s at 6-7; up to 106 s on a busier machine;
-# full 85 s and --quick 42 s at a load average of 2-3 with other jobs'
-# builds running.
-ESTIMATE = ((20, 110), (12, 45))
 
 
 def _silent(msg):

@@ -30,13 +30,9 @@ from .contenders import THREADS, _core_py, _dispatcher_class, compiled_core
 from .report import _fmt_time, _verdict
 from .scenarios import CHATS, IO_CHATS, IO_INFLIGHT, IO_SENDS, TASKS, EndToEnd, io_send
 
-__all__ = ["TITLE", "ESTIMATE", "run", "measure", "MetricsEndToEnd", "GROUPS", "TARGETS"]
+__all__ = ["TITLE", "run", "measure", "MetricsEndToEnd", "GROUPS", "TARGETS"]
 
 TITLE = "Metrics overhead (end to end, per task; metrics on / off within this run)"
-# Seconds on two cores, (full, quick): measured 111 s and 55 s at a load
-# average of 2-3 with other jobs' builds running (the upper end; about a
-# third of that on an idle machine).
-ESTIMATE = ((30, 120), (15, 60))
 
 try:
     from opentelemetry.sdk.trace import TracerProvider

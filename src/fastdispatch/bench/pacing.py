@@ -33,12 +33,10 @@ from .._errors import RetryAfter
 from ..pacing import Pacing, RateLimit
 from .contenders import _dispatcher_class, compiled_core
 
-__all__ = ["TITLE", "ESTIMATE", "run", "paced_throughput", "parked_bytes",
+__all__ = ["TITLE", "run", "paced_throughput", "parked_bytes",
            "retained_after_windows", "retry_after_scopes", "check_cost", "max_in_window"]
 
 TITLE = "Pacing: rates against the limit, in this run"
-# measured 11 s and 6 s (--quick) at a load average of 1-3, 13 s and 7 s at 2-3
-ESTIMATE = ((10, 35), (6, 18))
 
 
 def max_in_window(times, per):

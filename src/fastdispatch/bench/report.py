@@ -137,13 +137,6 @@ def ratio_rows(medians, memory=None, include_info=True, runs=()):
     return rows
 
 
-def missed_groups(rows):
-    """The scenario groups of the timing targets that ``rows`` marks MISSED."""
-    verdicts = {row[0]: row[5] for row in rows}
-    return sorted({group for label, group, _, _, kind, _, _ in TARGETS
-                   if kind != "bytes" and verdicts.get(label, "").startswith("MISSED")})
-
-
 def _verdict(value, op, bound):
     if bound is None:
         return "(info)"

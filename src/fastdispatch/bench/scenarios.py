@@ -19,19 +19,13 @@ of rounds; :func:`time_rounds` times contenders in turns.
 collection is forced before a round: the untimed warm-up rounds bring the
 collector to the steady state of the workload, and the timed rounds pay
 what a program running that workload pays (a caller keeps its Futures, so
-collections happen, and they are part of the cost).  A ``gc.collect()``
-before every round, as this module once did, distorts that, most on a
-free-threaded build, whose collector spaces its collections by the number
-of objects the last one left alive: after a collection of the nearly empty
-heap between rounds, the next round ran a collection every few thousand
-allocations (see ``bench/notes/freethreading.md``).
-``time_rounds(..., collect=True)`` reproduces that method for comparison,
-and :class:`CollectorWatch` reports how many collections a round ran and
-how long they took.
+collections happen, and they are part of the cost).  A collection forced
+between rounds would leave a nearly empty heap behind, and a collector that
+spaces its collections by what the last one left alive (the free-threaded
+build's) would then collect far more often in the next round than it does
+in a program.
 """
 
-import contextlib
-import gc
 import threading
 import time
 from collections import deque
@@ -42,7 +36,7 @@ from .contenders import THREADS, make_dispatcher, make_ring, noop
 __all__ = ["TASKS", "CHATS", "MICRO_OPS", "IO_CHATS", "IO_SENDS", "IO_SEND_TIME",
            "IO_INFLIGHT", "IO_IDEAL", "Scenario", "RingPushPop", "SubmitToBusyChats",
            "SubmitRotating", "EndToEnd", "IOBound", "SCENARIOS", "PRODUCERS",
-           "make_scenario", "time_rounds", "CollectorWatch"]
+           "make_scenario", "time_rounds"]
 
 # Workload sizes.
 TASKS = 10_000          # end-to-end: no-op tasks per round
@@ -418,35 +412,6 @@ def make_scenario(group, impl):
     return SCENARIOS[group][0](impl)
 
 
-class CollectorWatch:
-    """Counts the garbage collector's runs, and the time spent in them.
-
-    ``with CollectorWatch() as watch: ...`` then ``watch.collections`` and
-    ``watch.seconds`` (from ``gc.callbacks``; the time is the wall clock
-    between each collection's start and stop callbacks).
-    """
-
-    def __init__(self):
-        self.collections = 0
-        self.seconds = 0.0
-        self._started = None
-
-    def _callback(self, phase, info):
-        if phase == "start":
-            self._started = time.perf_counter()
-        elif self._started is not None:
-            self.collections += 1
-            self.seconds += time.perf_counter() - self._started
-            self._started = None
-
-    def __enter__(self):
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc_info):
-        gc.callbacks.remove(self._callback)
-
-
 def _involuntary_switches():
     # The process's involuntary context switches so far (all its threads),
     # or 0 where getrusage has no such count.
@@ -457,8 +422,7 @@ def _involuntary_switches():
     return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
-def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=None,
-                switches=None):
+def time_rounds(scenarios, rounds, warmup=1, block=5, switches=None):
     """Run ``scenarios`` (impl -> Scenario) in turns; return impl -> times.
 
     The contenders take turns by blocks of ``block`` rounds, each block
@@ -469,11 +433,10 @@ def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=N
     application would, instead of in the state the previous contender left
     behind.
 
-    ``collect=True`` runs ``gc.collect()`` after each round's setup (the old
-    method, for comparison; see the module's docstring).  ``collector``, a
-    dict, receives impl -> [(collections, seconds in them) per timed round];
-    ``switches``, a dict, impl -> [involuntary context switches of the
-    process per timed round] (``getrusage``; all zero where it has none).
+    ``switches``, a dict, receives impl -> [involuntary context switches of
+    the process per timed round] (``getrusage``; all zero where it has
+    none): threads that preempt each other show there before they show in
+    the times (the repository's free-threading benchmarks read it).
     """
     times = {impl: [] for impl in scenarios}
     while any(len(ts) < rounds for ts in times.values()):
@@ -481,20 +444,14 @@ def time_rounds(scenarios, rounds, warmup=1, block=5, collect=False, collector=N
             todo = min(block, rounds - len(times[impl]))
             for r in range(warmup + todo):
                 scenario.prepare()
-                if collect:
-                    gc.collect()
-                watch = CollectorWatch() if collector is not None else contextlib.nullcontext()
-                with watch:
-                    nivcsw = _involuntary_switches() if switches is not None else 0
-                    t0 = time.perf_counter()
-                    scenario.run()
-                    elapsed = time.perf_counter() - t0
-                    if switches is not None:
-                        nivcsw = _involuntary_switches() - nivcsw
+                nivcsw = _involuntary_switches() if switches is not None else 0
+                t0 = time.perf_counter()
+                scenario.run()
+                elapsed = time.perf_counter() - t0
+                if switches is not None:
+                    nivcsw = _involuntary_switches() - nivcsw
                 if r >= warmup:
                     times[impl].append(elapsed)
-                    if collector is not None:
-                        collector.setdefault(impl, []).append((watch.collections, watch.seconds))
                     if switches is not None:
                         switches.setdefault(impl, []).append(nivcsw)
     return times

@@ -27,7 +27,7 @@ It also reports how many requests per second the FakeTelegramServer serves
 that the tests and the demo know it is not their bottleneck.
 
 ``python -m fastdispatch bench --section telegram`` runs this section alone;
-``bench/bench_telegram.py`` runs the same workloads under pytest-benchmark.
+the suite's ``bench_telegram`` runs the same workloads under pytest-benchmark.
 It needs the ``telegram`` extra (urllib3) and, for the naive baseline,
 ``requests``; without them the section says what is missing.
 """
@@ -47,11 +47,6 @@ TOKEN = "123456:bench"
 
 TITLE = ("Telegram over HTTP (FakeTelegramServer in another process; "
          "ratios within this run)")
-# Seconds on two cores, (full, quick), measured: 25-27 s and 9 s with a load
-# average of 5-7 (3 rounds of each contender, ~1 s and ~3 s, 3 paced runs of
-# ~4 s, the server's rate ~2 s; quick: one of each); 49 s and 19 s at a load
-# average of 2-3 with other jobs' builds running.
-ESTIMATE = ((22, 55), (9, 20))
 
 TARGETS = (
     # label, key, op, bound
@@ -217,36 +212,6 @@ def measure(rounds=3, progress=None):
     return figures
 
 
-def format_report(f):
-    lines = [
-        "Telegram: %d messages to %d chats over HTTP, server in another process, "
-        "%d in flight" % (MESSAGES, CHATS, INFLIGHT),
-        "  %-52s %12s %16s" % ("contender", "sends/s", "client CPU/send"),
-    ]
-    labels = {"fastdispatch": "TelegramSender on fastdispatch (per-chat order)",
-              "naive": "requests.post per message, ThreadPoolExecutor"}
-    for name in ("fastdispatch", "naive"):
-        x = f[name]
-        lines.append("  %-52s %12.0f %13.0f us%s" % (
-            labels[name], x["sends_per_s"], x["cpu_us"],
-            "  (%d failed)" % x["failed"] if x["failed"] else ""))
-    p = f["paced"]
-    lines.append("  paced: %d messages to %d chats, limits 30/%.2gs bot-wide, 1/%.2gs per chat: "
-                 "%.2f s, minimum %.2f s, %d 429s (median of the runs)" % (
-                     PACED_MESSAGES, PACED_CHATS, 1 / SPEEDUP, 1 / SPEEDUP, p["wall"],
-                     p["bound"], p["too_many"]))
-    lines.append("  FakeTelegramServer serves %.0f requests/s (16 client threads, keep-alive)"
-                 % f["server_rate"])
-    lines.append("")
-    lines.append("  %-52s %8s %10s %8s" % ("ratio", "value", "target", "verdict"))
-    for label, key, op, bound in TARGETS:
-        value = f[key]
-        ok = value >= bound if op == ">=" else value <= bound
-        lines.append("  %-52s %8.2f %10s %8s" % (label, value, "%s %g" % (op, bound),
-                                                 "met" if ok else "MISSED"))
-    return "\n".join(lines)
-
-
 def missing_dependencies():
     """What this section needs and cannot import (empty when all is there)."""
     missing = []
@@ -286,23 +251,3 @@ def run(quick, progress):
     if failed:
         rows.append(("sends that failed (should be 0)", "%d" % failed, "", "", "", "MISSED"))
     return rows
-
-
-def main(argv=None):
-    """``python -m fastdispatch.bench.telegram``: this section with a fuller report."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m fastdispatch.bench.telegram",
-        description="TelegramSender on fastdispatch against requests.post from a thread "
-                    "pool, over HTTP to a local FakeTelegramServer; and a paced run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per contender")
-    args = parser.parse_args(argv)
-    figures = measure(args.rounds, progress=lambda m: sys.stderr.write(m + "\n"))
-    print(format_report(figures))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,11 +17,12 @@ to use.  What each answer becomes:
 - the connection could not be opened: :class:`OneBotNetworkError` (a
   ``ConnectionError``: retried).
 
-Why ``websockets`` (its threaded client, ``websockets.sync``): measured
-against websocket-client by ``bench/onebot_ws_clients.py --instructions``,
-a call and its answer cost the client 195,000 instructions against 436,000,
-and its sends are safe from many threads at once, which one shared
-connection needs (websocket-client's need a lock of the caller's).
+Why ``websockets`` (its threaded client, ``websockets.sync``): a call and
+its answer cost the client less than half of what they cost with
+websocket-client (the repository's ``bench/onebot_ws_clients.py
+--instructions`` counts both), and its sends are safe from many threads at
+once, which one shared connection needs (websocket-client's need a lock of
+the caller's).
 """
 
 from ._sender import (

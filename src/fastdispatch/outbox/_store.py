@@ -1,7 +1,8 @@
 """The outbox's file: one SQLite database in WAL mode, and the one thread that writes it.
 
 Why one writer thread.  SQLite allows one writer at a time, and a commit
-that is durable costs an ``fsync`` (about 4 ms on a virtual disk).  A
+that is durable costs an ``fsync``, which takes longer than everything
+else a reply does (the repository's ``bench/outbox.py`` measures it).  A
 writer per caller would pay that fsync per reply and queue on SQLite's
 lock; the writer thread instead takes every row that callers handed it
 while it was busy with the last commit and commits them together (group
@@ -11,12 +12,11 @@ that is alone (nothing being written, nobody waiting, no group lately)
 commits in its own thread instead: handing its row to the writer and being
 woken by it would cost two thread switches and nothing would be grouped.
 
-Why the stdlib ``sqlite3``.  Measured on the machine this was written on
-(SQLite 3.40 in CPython 3.11 against apsw 3.54): 256-row transactions of
-outbox rows commit at ~358,000 rows/s with ``sqlite3`` and ~490,000 with
-apsw, one-row transactions at a few hundred a second with both: the
-commit's fsync is the whole cost, and the binding's microsecond per row is
-not worth a dependency.
+Why the stdlib ``sqlite3``.  The commit's fsync is the whole cost of a
+durable write: a faster binding (apsw) saves under a microsecond per row of
+a large transaction and nothing on a one-row one, which is not worth a
+dependency (the comparison: the repository's
+``bench/notes/figures-behind-the-code.md``).
 
 Locking.  ``locking_mode=EXCLUSIVE``: the connection takes SQLite's
 exclusive file lock at its first write (at open) and keeps it until it

@@ -14,7 +14,8 @@ fastdispatch and never part of a ``--benchmark-compare-fail`` gate that uses
 this module.
 
 Three choices make one build compared with itself pass on a loaded machine
-(another CPU-bound process on a two-core machine):
+(another CPU-bound process on a two-core machine; the trials are in the
+repository's ``bench/notes/bench-command.md``):
 
 - **CPU time, not wall time.**  Each benchmark's marker sets its timer:
   ``time.thread_time`` (the calling thread's CPU time) where the work is
@@ -30,17 +31,15 @@ Three choices make one build compared with itself pass on a loaded machine
   thousands of calls (a few milliseconds of CPU), far above the timer's
   resolution, and each benchmark takes 200 to 1000 rounds, about two seconds
   of work: a neighbour's burst (on a machine whose two CPUs share one core,
-  a busy sibling slows every instruction by half) rarely covers all of them.
-  With 60 to 150 rounds, a fraction of a second, one build against itself
-  once differed by 50 % on the match path: the whole benchmark had run
-  inside one such burst.
+  a busy sibling slows every instruction by half) rarely covers all of them,
+  where a benchmark of a fraction of a second can run inside one burst.
 
 What is left out, and why: 10,000 ``submit`` calls end to end (each
 Future's result read).  Its CPU time grows with the machine's load by
 itself (the caller and eight workers hand Futures and the GIL to one
-another, and every hand-off a busy scheduler delays costs more wake-ups):
-one build against itself differed by 22 % with a CPU-bound process and a
-compiler beside it.  Its parts are here (``submit`` to busy chats; the
+another, and every hand-off a busy scheduler delays costs more wake-ups),
+so one build against itself differs by more than the gate allows.  Its
+parts are here (``submit`` to busy chats; the
 workers' loop in the ``post`` end-to-end run), and the whole is in
 ``bench_dispatcher``, beside its baselines.
 
