@@ -46,16 +46,16 @@ def test_each_switch_of_a_runnable_thread_falls_in_the_first_group_that_names_it
         # the same critical-section code, but a dict of the chat map
         _event("R+", *YIELD, "_PyMutex_Lock", "_PyCriticalSection_BeginSlow",
                "_PyCriticalSection_Begin", "PyDict_Pop",
-               "__pyx_f_12fastdispatch_8_ringbuf_14DispatcherCore__remove_locked"),
+               "__pyx_f_12fastdispatch_8_ringbuf_8_ChatMap__remove_locked"),
         # the core's own lock, after its spin (through fd_mutex_lock or inlined)
         _event("R", *YIELD, "_PyMutex_Lock", "fd_mutex_lock_parking", "fd_mutex_lock",
-               "__pyx_f_12fastdispatch_8_ringbuf_14DispatcherCore__timer_needed"),
-        _event("R", *YIELD, "__pyx_f_12fastdispatch_8_ringbuf_14DispatcherCore__next_chat"),
+               "__pyx_f_12fastdispatch_8_ringbuf_10_Deadlines__timer_needed"),
+        _event("R", *YIELD, "__pyx_f_12fastdispatch_8_ringbuf_5_Pool__next_chat"),
         # a mutex of CPython's own, taken on the core's behalf: not the core's lock
         _event("R", *YIELD, "_PyMutex_Lock", "_Py_brc_queue_object",
-               "__pyx_f_12fastdispatch_8_ringbuf_14DispatcherCore__ready_popleft"),
+               "__pyx_f_12fastdispatch_8_ringbuf_5_Pool__ready_popleft"),
         _event("R", *YIELD, "_PyMutex_Lock", "_PyThreadState_Suspend",
-               "__pyx_pf_12fastdispatch_8_ringbuf_14DispatcherCore_25_worker_main"),
+               "__pyx_pf_12fastdispatch_8_ringbuf_5_Pool_2_worker_main"),
         # preempted by the thread it woke
         _event("R", "futex_wake", "__new_sem_post", "_PySemaphore_Wakeup",
                "_PyParkingLot_Unpark", "_queue_SimpleQueue_put_impl"),
