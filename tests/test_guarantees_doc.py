@@ -58,3 +58,13 @@ def test_guarantees_are_numbered_in_order_and_each_has_its_proof():
     for number, body in zip(sections[0::2], sections[1::2]):
         assert "Kept by:" in body and "Proved by:" in body, "G%s" % number
         assert NAMED.search(body), "G%s names no test" % number
+
+
+def test_every_room_the_guarantees_page_names_exists_in_both_cores():
+    text = _page()
+    rooms = set(re.findall(r"`_core/(\w+)`", text))
+    assert len(rooms) >= 8, "the page names the core's rooms as `_core/<room>`"
+    core = os.path.join(ROOT, "src", "fastdispatch", "_core")
+    missing = ["_core/%s.%s" % (room, ext) for room in sorted(rooms) for ext in ("py", "pxi")
+               if not os.path.exists(os.path.join(core, "%s.%s" % (room, ext)))]
+    assert not missing, "docs/guarantees.md names rooms that do not exist: %s" % missing

@@ -1,11 +1,34 @@
-"""Pure-Python implementation of the dispatcher core.
+"""The dispatcher core in pure Python: the twin of the compiled ``_ringbuf``.
 
-This module is the twin of ``_ringbuf.pyx``: same classes, same behaviour,
-same locking protocol, line for line where it matters.  It is used when the
+Same rooms, same behaviour, same locking protocol: it is used when the
 extension is missing or ``FASTDISPATCH_NO_EXTENSIONS=1`` is set, and the test
-suite runs every behaviour test against both.  The design is explained once,
-in ``docs/dispatcher.md``; the comments here only mark where each invariant
-of docs/guarantees.md (G1-G6) is kept.
+suite runs every behaviour test against both (tests/test_core_rooms.py checks
+that the two stay one design, room by room).  docs/dispatcher.md explains
+the design; docs/guarantees.md says what it guarantees and which room keeps
+each promise.
+
+The core is one object, ``DispatcherCore``, built as a chain of rooms: each
+room is a class that owns some fields and the methods that keep one
+concern, in a file of its own under ``_core/`` (the room's docstring
+explains it).  From the bottom up:
+
+- ``bookkeeping``: configuration, counters, the user's hooks;
+- ``chats``: the chat queue and the chat map (per-chat order);
+- ``waiting``: callers waiting for room in a full chat;
+- ``deadlines``: the running registry and the timer thread;
+- ``outcomes``: running a task and deciding its outcome (retry, panic);
+- ``pool``: workers, slots and the ready list (the global cap);
+- ``loops``: chats handed to an event loop (coroutine tasks);
+- ``intake``: submit, post and asubmit;
+
+beside them ``budgets`` and ``limiter`` (pacing, an object of its own),
+``items`` (``SendContext``), ``futures`` and ``constants``.  A room calls
+its own methods and those of the rooms below it; the few calls to a room
+above go through the whole object (the timer dispatching a chat, a worker
+handing a chat to its loop).  ``DispatcherCore`` below is the wiring:
+construction, configuration, the properties and the close paths.
+``OutboundDispatcher`` (``_dispatcher.py``) adds the argument checks,
+threads and the life cycle on top of it.
 
 Locks, and what each protects:
 
@@ -43,18 +66,14 @@ from ._core.chats import ChatQueue, RingBuffer
 from ._core.constants import _AWAKE, _BY_FORCE, _INF, _Wake, _allocate_lock
 from ._core.intake import _Intake
 from ._core.items import SendContext
-from ._core.limiter import _Limiter, _Window  # noqa: F401  (_Window: the tests' pacing probes)
+from ._core.limiter import _Limiter, _Window  # noqa: F401  (_Window: as in the compiled module)
 from ._errors import Cancelled
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore"]
 
 
 class DispatcherCore(_Intake):
-    """The per-chat queues, the worker loop and the deadline loop.
-
-    ``OutboundDispatcher`` (in ``_dispatcher.py``) adds configuration checks,
-    threads and the lifecycle on top of this class.
-    """
+    """The dispatcher core: its rooms, wired (see the module docstring)."""
 
     def __init__(self, *args, **kwargs):
         self._queues = {}
@@ -119,9 +138,7 @@ class DispatcherCore(_Intake):
         self._on_retry = hooks.on_retry
         self._recover = recover
         self._retry = retry
-        self._retry_on = retry.retry_on if retry is not None else ()
         self._max_attempts = retry.max_attempts if retry is not None else 1
-        self._max_retry_after = retry.max_retry_after if retry is not None else 0.0
         self._limiter = _Limiter(pacing, self._timer_needed, self._learning)
         # Whether every start must ask the limiter (else only a chat with a
         # pending retry delay or during a global pause does).  Set for good

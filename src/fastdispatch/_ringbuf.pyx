@@ -1,10 +1,13 @@
 # cython: language_level=3, freethreading_compatible=True
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""Compiled dispatcher core: ring buffer, chat queues, submit and the worker loop.
+"""The dispatcher core, compiled: the twin of ``_core_py.py``.
 
-This module is the twin of ``_core_py.py``: same classes, same behaviour, same
-locking protocol; the design is explained in ``docs/dispatcher.md``.  What
-the compiled version changes is the cost of each step:
+Same rooms, same behaviour, same locking protocol.  This module includes
+the rooms' ``_core/*.pxi`` files, so the whole core is one extension module
+and one C translation unit: a call from one room to another is a C call.
+Each ``.pxi`` opens with what it does differently from its ``.py`` twin,
+whose docstring explains the room; ``_core_py.py`` lists the rooms and
+their locks.  What the compiled version changes is the cost of each step:
 
 - queue and pool locks are ``cython.pymutex`` (a ``PyMutex`` on 3.13+), which
   release the GIL while they block and never lean on it for exclusion;
@@ -18,9 +21,9 @@ the compiled version changes is the cost of each step:
   pacing with one test of three C fields per task.
 
 On free-threaded CPython three more things keep threads from meeting where
-they need not (``docs/performance.md``, "Free-threaded CPython", has the
-measurements): the chat map is cut in 64 parts (``_Stripe``), each with its
-own dict and lock; an idle worker, or the timer, sleeps on a
+they need not (bench/notes/freethreading.md has the measurements): the
+chat map is cut in 64 parts (``_Stripe``), each with its own dict and
+lock; an idle worker, or the timer, sleeps on a
 ``SimpleQueue`` (``_sleep``), not on a held ``Lock`` that would spin before
 it sleeps; and a held lock of this module is spun for briefly before
 CPython's own ``PyMutex_Lock`` yields the CPU (``fd_mutex_lock``).  On a GIL
@@ -54,9 +57,11 @@ from ._errors import (
     Cancelled, DispatcherClosed, QueueFull, RetryAfter, SendTimeout, TaskDiscarded)
 from ._errors import _no_room, _safe_repr, _task_call_error, _wait_ended
 from ._types import DispatchInfo, Future, _checked_wait
-from .pacing import RateLimit
+from .pacing import RateLimit, _checked_report, _retry_plan
 
 __all__ = ["RingBuffer", "ChatQueue", "SendContext", "DispatcherCore", "LatencyHistogram"]
+
+# The extension types, declared before the rooms that name each other's.
 cdef class SendContext
 cdef class _Stripe
 cdef class _Window
@@ -70,9 +75,7 @@ cdef class _ChatKey
 cdef class LatencyHistogram
 cdef class DispatcherCore
 
-
-
-
+# The rooms, from the bottom up (see _core_py.py).
 include "_core/c_support.pxi"
 include "_core/constants.pxi"
 include "_core/futures.pxi"
@@ -91,11 +94,7 @@ include "_core/intake.pxi"
 
 
 cdef class DispatcherCore(_Intake):
-    """The per-chat queues, the worker loop and the deadline loop.
-
-    ``OutboundDispatcher`` (in ``_dispatcher.py``) adds configuration checks,
-    threads and the lifecycle on top of this class.
-    """
+    """The dispatcher core: its rooms, wired (see ``_core_py.py``)."""
 
     def __cinit__(self, *args, **kwargs):
         self._stripes = [_Stripe() for _ in range(FD_STRIPES)]
@@ -109,7 +108,6 @@ cdef class DispatcherCore(_Intake):
         self._limiter = _Limiter()
         self._limiter._configure(self, None)
         self._ref = _weakref(self)
-        self._retry_on = ()
         self._slot_waiters = deque()
         self._handoffs = {}
         self._loop_items = {}
@@ -135,13 +133,9 @@ cdef class DispatcherCore(_Intake):
         self._recover = recover
         self._retry = retry
         if retry is not None:
-            self._retry_on = retry.retry_on
             self._max_attempts = retry.max_attempts
-            self._max_retry_after = retry.max_retry_after
         else:
-            self._retry_on = ()
             self._max_attempts = 1
-            self._max_retry_after = 0.0
         self._limiter._configure(self, pacing)
         # Whether every start must ask the limiter (else only a chat with a
         # pending retry delay or during a global pause does).  Set for good

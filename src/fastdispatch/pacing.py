@@ -15,6 +15,8 @@ import numbers
 import random
 import threading
 
+from ._errors import RetryAfter
+
 __all__ = ["RateLimit", "Pacing", "RetryPolicy"]
 
 
@@ -282,3 +284,93 @@ class RetryPolicy:
                 "max_retry_after=%r, retry_on=%r)" % (
                     self.max_attempts, self.backoff, self.max_backoff,
                     self.max_retry_after, self.retry_on))
+
+
+def _retry_plan(error, attempt, retry):
+    """After ``error``, when may its task run again (G13, docs/guarantees.md).
+
+    The one place where a retry is decided, for both cores: returns
+    ``(delay, is_global, refused)``, or None when the task is not retried.
+    ``is_global``: a ``RetryAfter(scope="global")``, every chat waits;
+    ``refused``: the platform turned the attempt away (a ``RetryAfter``), so
+    its start does not count against the chat's window.  ``retry`` is the
+    dispatcher's ``RetryPolicy`` or None (then only a ``RetryAfter`` of 0
+    seconds is retried).  ``error`` is user code (a ``RetryAfter`` subclass
+    may carry anything in ``seconds``, a ``retry_on`` class may have a
+    hostile ``__instancecheck__``): what this raises fails the task, never
+    the worker that asked.
+    """
+    if isinstance(error, RetryAfter):
+        seconds = error.seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError("RetryAfter.seconds must be a number, got %r"
+                            % (type(seconds).__name__,))
+        try:
+            delay = float(seconds)
+        except OverflowError:
+            delay = math.inf  # an int too large for a float: longer than any cap
+        if delay != delay or delay < 0:
+            raise ValueError("RetryAfter.seconds must be >= 0, got %r" % (delay,))
+        if delay > (retry.max_retry_after if retry is not None else 0.0):
+            return None
+        scope = error.scope
+        return delay, type(scope) is str and scope == "global", True
+    if retry is not None and retry.retry_on and isinstance(error, retry.retry_on):
+        return retry.backoff_delay(attempt), False, False
+    return None
+
+
+# The largest learned budget kept: more than any platform announces.
+_MAX_REMAINING = 1 << 62
+
+
+def _checked_report(remaining, reset_after, bucket, scope):
+    # The values of a report_limit call, checked and made plain, for both
+    # cores    # (an int or float subclass is read as the exact int or float it holds,
+    # a str subclass as its exact str: nothing user-defined runs past this
+    # point, nor in the limiter's lock or on the timer).  Raises in the task.
+    if type(remaining) is not int:
+        if isinstance(remaining, bool) or not isinstance(remaining, int):
+            raise TypeError("report_limit: remaining must be an int, got %s"
+                            % (type(remaining).__name__,))
+        remaining = int.__int__(remaining)
+    if remaining < 0:
+        raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
+    if remaining > _MAX_REMAINING:
+        remaining = _MAX_REMAINING  # the compiled core keeps a C integer
+    if type(reset_after) is float:
+        delay = reset_after
+    elif type(reset_after) is int or (isinstance(reset_after, int)
+                                      and not isinstance(reset_after, bool)):
+        try:
+            delay = int.__float__(reset_after)
+        except OverflowError:
+            delay = math.inf
+    elif isinstance(reset_after, float):
+        delay = float.__float__(reset_after)
+    else:
+        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
+                        % (type(reset_after).__name__,))
+    if delay != delay or delay < 0 or delay > threading.TIMEOUT_MAX:
+        raise ValueError("report_limit: reset_after must be >= 0 and at most "
+                         "threading.TIMEOUT_MAX (%r), got %r" % (threading.TIMEOUT_MAX, delay))
+    if bucket is not None:
+        if type(bucket) is not str:
+            if not isinstance(bucket, str):
+                raise TypeError("report_limit: bucket must be a str or None, got %s"
+                                % (type(bucket).__name__,))
+            bucket = str.__str__(bucket)
+        if not bucket:
+            raise ValueError("report_limit: bucket must not be empty")
+    if type(scope) is not str:
+        if not isinstance(scope, str):
+            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
+                            % (type(scope).__name__,))
+        scope = str.__str__(scope)
+    if scope == "chat":
+        is_global = False
+    elif scope == "global":
+        is_global = True
+    else:
+        raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
+    return remaining, delay, bucket, is_global

@@ -1,5 +1,13 @@
+# The room every other room stands on: configuration, counters, hooks.
+#
+# The compiled twin of _core/bookkeeping.py, whose docstring explains this
+# room; included by _ringbuf.pyx.  What differs here: the counters are
+# atomic integers (no lock); on free-threaded builds this room also keeps
+# the objects workers hand back to their creating threads (_keep, _flush,
+# _take_back, in blocks: see fd_back).
+
 cdef class _Bookkeeping:
-    """ROOM DOC"""
+    """Configuration, counters and hooks: what every room reads."""
 
     # Configuration, written once before any task (_configure).
     cdef Py_ssize_t _max_inflight

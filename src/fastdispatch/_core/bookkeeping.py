@@ -1,4 +1,15 @@
-"""ROOM"""
+"""The room every other room stands on: configuration, counters, hooks.
+
+``_Bookkeeping`` holds what is written once before any task (the limits,
+the user's hooks, ``recover``, the limiter) and the counters ``stats()``
+reads, and makes the calls every room needs: counting an outcome
+(``_count``), reporting it to ``on_done`` (``_report``), refusing a task
+(``_reject``), calling a hook that may raise (``_hook_failed``,
+``_call_recover``), and telling ``drain()`` that nothing is left
+(``_maybe_drained``).  The counters stay exact whatever user code does
+(G8, docs/guarantees.md): each is changed in one place, under
+``_count_lock``.
+"""
 
 from time import monotonic
 
@@ -7,8 +18,9 @@ from .._types import DispatchInfo
 
 from .constants import logger
 
+
 class _Bookkeeping:
-    """ROOM DOC"""
+    """Configuration, counters and hooks: what every room reads."""
 
     __slots__ = ("_max_inflight", "_queue_size", "_send_timeout", "_idle_timeout", "_on_queued",
                  "_on_done", "_on_rejected", "_recover", "_limiter", "_ref", "_limited",

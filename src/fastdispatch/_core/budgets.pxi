@@ -1,68 +1,8 @@
-cdef long long _checked_remaining(object remaining) except -1:
-    # report_limit's ``remaining``, checked.  An int subclass is
-    # read as the plain int it holds (int.__int__), so that nothing
-    # user-defined runs past this point (nor in the limiter's lock).
-    if type(remaining) is not int:
-        if isinstance(remaining, bool) or not isinstance(remaining, int):
-            raise TypeError("report_limit: remaining must be an int, got %s"
-                            % (type(remaining).__name__,))
-        remaining = int.__int__(remaining)
-    if remaining < 0:
-        raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
-    if remaining > _MAX_REMAINING:
-        return _MAX_REMAINING
-    return remaining
-
-
-cdef double _checked_reset_after(object reset_after) except -1.0:
-    # ... its ``reset_after`` (an int or float subclass read as the plain
-    # value it holds).
-    cdef double delay
-    if type(reset_after) is float:
-        delay = reset_after
-    elif type(reset_after) is int or (isinstance(reset_after, int)
-                                      and not isinstance(reset_after, bool)):
-        try:
-            delay = int.__float__(reset_after)
-        except OverflowError:
-            delay = _INF
-    elif isinstance(reset_after, float):
-        delay = float.__float__(reset_after)
-    else:
-        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
-                        % (type(reset_after).__name__,))
-    if delay != delay or delay < 0 or delay > _TIMEOUT_MAX_D:
-        raise ValueError("report_limit: reset_after must be >= 0 and at most "
-                         "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
-    return delay
-
-
-cdef object _checked_bucket(object bucket):
-    # ... its ``bucket``: None or a non-empty str (a subclass read as the
-    # plain str it holds).
-    if type(bucket) is not str:
-        if not isinstance(bucket, str):
-            raise TypeError("report_limit: bucket must be a str or None, got %s"
-                            % (type(bucket).__name__,))
-        bucket = str.__str__(bucket)
-    if not bucket:
-        raise ValueError("report_limit: bucket must not be empty")
-    return bucket
-
-
-cdef bint _checked_scope(object scope) except -1:
-    # ... its ``scope``: True for "global", False for "chat".
-    if type(scope) is not str:
-        if not isinstance(scope, str):
-            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
-                            % (type(scope).__name__,))
-        scope = str.__str__(scope)
-    if scope == "chat":
-        return False
-    if scope == "global":
-        return True
-    raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
-
+# Budgets a platform announces (``sc.report_limit``), for the limiter (G14, G16).
+#
+# The compiled twin of _core/budgets.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: a budget is a few C fields;
+# a start's reserved places are three fields of the queue.
 
 cdef object _learned_key(ChatQueue q):
     # The key of a chat's learned budgets: like a window's, one that keeps

@@ -1,63 +1,17 @@
-"""ROOM"""
+"""Budgets a platform announces (``sc.report_limit``), for the limiter (G14, G16).
+
+A chat's own budget, a shared bucket, the global one: at most
+``remaining`` starts before ``reset``.  ``pacing._checked_report`` checks
+the numbers a task reports before anything here trusts them.  ``_Budgets`` is the part of the
+limiter that keeps them; ``_Limiter`` (limiter.py) asks it at each start.
+"""
 
 import heapq
 from time import monotonic
 
 from .chats import _ChatKey
-from .constants import (
-    _allocate_lock, _B_CHAT, _B_GLOBAL, _B_SHARED, _INF, _LEARNED, _MAX_REMAINING,
-    _TIMEOUT_MAX, logger)
+from .constants import _allocate_lock, _B_CHAT, _B_GLOBAL, _B_SHARED, _LEARNED, logger
 
-def _checked_report(remaining, reset_after, bucket, scope):
-    # The values of a report_limit call, checked and made plain
-    # (an int or float subclass is read as the exact int or float it holds,
-    # a str subclass as its exact str: nothing user-defined runs past this
-    # point, nor in the limiter's lock or on the timer).  Raises in the task.
-    if type(remaining) is not int:
-        if isinstance(remaining, bool) or not isinstance(remaining, int):
-            raise TypeError("report_limit: remaining must be an int, got %s"
-                            % (type(remaining).__name__,))
-        remaining = int.__int__(remaining)
-    if remaining < 0:
-        raise ValueError("report_limit: remaining must be >= 0, got %d" % (remaining,))
-    if remaining > _MAX_REMAINING:
-        remaining = _MAX_REMAINING  # as the compiled core, which keeps a C integer
-    if type(reset_after) is float:
-        delay = reset_after
-    elif type(reset_after) is int or (isinstance(reset_after, int)
-                                      and not isinstance(reset_after, bool)):
-        try:
-            delay = int.__float__(reset_after)
-        except OverflowError:
-            delay = _INF
-    elif isinstance(reset_after, float):
-        delay = float.__float__(reset_after)
-    else:
-        raise TypeError("report_limit: reset_after must be a number of seconds, got %s"
-                        % (type(reset_after).__name__,))
-    if delay != delay or delay < 0 or delay > _TIMEOUT_MAX:
-        raise ValueError("report_limit: reset_after must be >= 0 and at most "
-                         "threading.TIMEOUT_MAX (%r), got %r" % (_TIMEOUT_MAX, delay))
-    if bucket is not None:
-        if type(bucket) is not str:
-            if not isinstance(bucket, str):
-                raise TypeError("report_limit: bucket must be a str or None, got %s"
-                                % (type(bucket).__name__,))
-            bucket = str.__str__(bucket)
-        if not bucket:
-            raise ValueError("report_limit: bucket must not be empty")
-    if type(scope) is not str:
-        if not isinstance(scope, str):
-            raise TypeError("report_limit: scope must be 'chat' or 'global', got %s"
-                            % (type(scope).__name__,))
-        scope = str.__str__(scope)
-    if scope == "chat":
-        is_global = False
-    elif scope == "global":
-        is_global = True
-    else:
-        raise ValueError("report_limit: scope must be 'chat' or 'global', got %r" % (scope,))
-    return remaining, delay, bucket, is_global
 
 def _learned_key(q):
     # The key of a chat's learned budgets: like a window's, one that keeps
@@ -66,6 +20,7 @@ def _learned_key(q):
     if type(key) is _ChatKey:
         key = _ChatKey(q.chat_id, key._hash)
     return key
+
 
 class _Bucket:
     """A budget the platform announced (``sc.report_limit``): at most

@@ -1,3 +1,11 @@
+# C support for the compiled core: atomics, a spinning mutex, the hand-back.
+#
+# Atomic integers (the counters and the few flags read without a lock), the
+# short spin before a held lock yields on free-threaded CPython, and the
+# hand-back of objects to their creating threads on free-threaded builds
+# (fd_back).  No pure-Python twin: the twin takes a lock where these are
+# atomic, and has no reference counts to hand back.
+
 cdef extern from *:
     """
     #if defined(_MSC_VER)
@@ -57,7 +65,7 @@ cdef extern from *:
        other core, gives back within tens of nanoseconds (each critical
        section here is a few pointer writes).  FD_SPINS pause-spins hand it
        over without a system call; a holder that is not running makes this
-       fall back to CPython's lock.  See docs/performance.md. */
+       fall back to CPython's lock (bench/notes/freethreading.md). */
     #if defined(Py_GIL_DISABLED)
       #ifndef FD_SPINS
         #define FD_SPINS 64
@@ -108,8 +116,9 @@ cdef extern from *:
        of its own (FD_BACK_SLOTS per block, no atomics), and publishes the
        full block on one lock-free stack of the core (one compare-and-swap
        per block); the next submit or post takes the whole stack (one
-       exchange) and drops each object as its owner, without a queue.  See
-       docs/performance.md.  On a GIL build all of it compiles away. */
+       exchange) and drops each object as its owner, without a queue
+       (bench/notes/freethreading.md).  On a GIL build all of it compiles
+       away. */
     #ifndef FD_BACK_SLOTS
       #define FD_BACK_SLOTS 30
     #endif
@@ -194,3 +203,32 @@ cdef inline long long _ns(double t) noexcept nogil:
     if t < 1e-9:
         return 1
     return <long long>(t * 1e9)
+
+cdef extern from *:
+    """
+    /* d.get(key) for a dict that other threads change without a lock this
+       thread holds (the chat map, a limiter's windows), as a reference
+       taken in the lookup itself: Cython's d.get() looks the value up
+       borrowed and increments it afterwards, and on free-threaded CPython a
+       worker can remove the entry and drop the object's last reference in
+       between (the increment then lands on freed memory, or on the object
+       made next in it).  None when absent; NULL with an exception set. */
+    static PyObject *fd_dict_get(PyObject *d, PyObject *key) {
+        PyObject *v;
+    #if PY_VERSION_HEX >= 0x030D0000 && !defined(PYPY_VERSION)
+        if (PyDict_GetItemRef(d, key, &v) < 0)
+            return NULL;
+    #else
+        v = PyDict_GetItemWithError(d, key);
+        if (v == NULL && PyErr_Occurred())
+            return NULL;
+        Py_XINCREF(v);
+    #endif
+        if (v == NULL) {
+            Py_INCREF(Py_None);
+            return Py_None;
+        }
+        return v;
+    }
+    """
+    object fd_dict_get(dict d, object key)

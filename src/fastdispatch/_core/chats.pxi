@@ -1,3 +1,11 @@
+# The chat map and the chat queue: order within a chat (G1, G2, G4, G5).
+#
+# The compiled twin of _core/chats.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: the map is cut in FD_STRIPES
+# parts (_Stripe), each with its own dict and lock, so that free-threaded
+# submitters of different chats do not meet; the ring is a C array; a queue
+# links into the ready list by a C field.
+
 cdef Py_ssize_t _checked_capacity(object capacity) except -1:
     # The same limits and errors as the pure-Python core (the bare C ssize_t
     # conversion would raise OverflowError naming nothing).
@@ -339,7 +347,7 @@ cdef inline SendContext _peek_head(ChatQueue q):
 
 
 cdef class _ChatMap(_Bookkeeping):
-    """ROOM DOC"""
+    """The chat map: chat key -> ChatQueue, for the chats that have work."""
 
     # The chat map: chat key -> ChatQueue, in FD_STRIPES parts (_Stripe).
     # How many chats it holds is _chats (a counter, atomic: counted as
@@ -382,7 +390,7 @@ cdef class _ChatMap(_Bookkeeping):
         """Number of tasks of ``chat_id`` waiting (the running one excluded)."""
         cdef ChatQueue q
         key = _chat_key(chat_id)
-        q = self._stripe_for(key).queues.get(key)
+        q = fd_dict_get(self._stripe_for(key).queues, key)
         if q is None:
             return 0
         with q._lock:
@@ -411,9 +419,9 @@ cdef class _ChatMap(_Bookkeeping):
         # reset that part (under its lock, so that no insert can slip in
         # between) if it grew past FD_KEEP_CHATS since its last reset.  A
         # part that stayed smaller keeps its small table and this path takes
-        # no lock: a producer inserting into the part held it (on
-        # free-threaded CPython the reset's lock was 15 % of the involuntary
-        # switches of a post, docs/performance.md).
+        # no lock: a producer inserting into the part held it, and on
+        # free-threaded CPython that lock is where producers and workers
+        # would meet at every emptied chat.
         cdef _Stripe stripe = q._stripe
         cdef dict queues
         if stripe is None:      # a queue built by hand: never in the map

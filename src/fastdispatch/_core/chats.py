@@ -1,4 +1,24 @@
-"""ROOM"""
+"""The chat map and the chat queue: order within a chat (G1, G2, G4, G5).
+
+A ``ChatQueue`` is one chat's ring of waiting tasks (fixed capacity: a
+full chat refuses, G4), the ``running`` flag that makes one worker its
+owner (G2), the task a retry brings back to its head, and the line of
+callers waiting for room (``_Waiter``: ``_admit_locked`` moves the oldest
+into the ring when a task leaves it, so nobody jumps the line).
+
+``_ChatMap`` keeps chat key -> queue for the chats that have work.  A
+queue is inserted on a miss (``_insert``: setdefault keeps whichever
+queue another submitter installed first) and removed by its owner when
+it empties, under the queue's lock; ``_removed`` says so in the same
+critical section, so a submitter that found the queue just before its
+removal looks it up again instead of pushing onto an orphan (G5).  Chat
+ids are user code: ``_ChatKey`` takes the hash once and gives the map an
+``__eq__`` that cannot raise.
+
+Locks: ``ChatQueue.lock`` (the queue's items, ``running``, its waiters,
+its removal from the map); ``_map_lock`` (an insertion, against resetting
+the map's table when its last chat leaves, ``_remove_locked``).
+"""
 
 from collections import deque
 import operator
@@ -7,6 +27,7 @@ import sys
 from .bookkeeping import _Bookkeeping
 from .constants import (
     _allocate_lock, _ELSEWHERE, _KEEP_CHATS, _W_ADMITTED, _W_WAITING, _Wake, _WORKERS)
+
 
 class RingBuffer:
     """A FIFO of fixed capacity.  ``push`` is O(1) and refuses when full."""
@@ -41,6 +62,7 @@ class RingBuffer:
     def full(self):
         return len(self._items) >= self.capacity
 
+
 def _checked_capacity(capacity):
     # The same limits as the compiled core, which keeps it in a C ssize_t.
     capacity = operator.index(capacity)
@@ -50,6 +72,7 @@ def _checked_capacity(capacity):
         raise ValueError("capacity must be at most sys.maxsize (%d), got %r"
                          % (sys.maxsize, capacity))
     return capacity
+
 
 class ChatQueue(RingBuffer):
     """One chat's waiting tasks, its lock, and whether a worker owns it."""
@@ -112,6 +135,7 @@ class ChatQueue(RingBuffer):
         # coroutine task that just ended (see DispatcherCore._aio_done).
         self.slot_held = False
 
+
 class _Waiter:
     """A caller waiting for room in a full chat (``block=True``).
 
@@ -134,6 +158,7 @@ class _Waiter:
         self.queue_len = 0
         self.holder = holder
 
+
 def _admit_locked(q):
     # With q.lock held, a task just left the ring: the oldest waiter's task
     # takes its place (so the ring stays full while anyone waits, and
@@ -150,11 +175,13 @@ def _admit_locked(q):
     else:
         q.woken.append(w)
 
+
 def _peek_head(q):
     # With q.lock held: the chat's next task, left in place.
     if q.retry_item is not None:
         return q.retry_item
     return q._items[0] if q._items else None
+
 
 class _ChatKey:
     """A chat id as the chat map's key: its hash taken once, its ``==`` safe.
@@ -196,6 +223,7 @@ class _ChatKey:
         except BaseException:
             return False
 
+
 def _chat_key(chat_id):
     """The chat map's key for ``chat_id`` (itself for a plain int or str)."""
     if type(chat_id) is int or type(chat_id) is str:
@@ -206,6 +234,7 @@ def _chat_key(chat_id):
         raise TypeError("chat_id must be hashable, got %r"
                         % (type(chat_id).__name__,)) from None
     return _ChatKey(chat_id, hash_value)
+
 
 def _take_head_locked(q):
     # With q.lock held: the chat's next task (a retried one first, then the
@@ -224,7 +253,7 @@ def _take_head_locked(q):
 
 
 class _ChatMap(_Bookkeeping):
-    """ROOM DOC"""
+    """The chat map: chat key -> ChatQueue, for the chats that have work."""
 
     __slots__ = ("_queues", "_map_lock", "_map_high")
 

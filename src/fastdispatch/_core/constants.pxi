@@ -1,3 +1,9 @@
+# The core's constants: sentinels, outcome and state codes, the wake-up.
+#
+# The compiled twin of _core/constants.py, whose docstring explains this
+# room; included by _ringbuf.pyx.  What differs here: the same names and
+# values as constants.py (enums here, so that C compares them).
+
 logger = logging.getLogger("fastdispatch")
 
 cdef enum:
@@ -91,7 +97,6 @@ cdef object _TIMED_OUT = object()
 # changes it, the public methods are used throughout.
 
 # The largest budget kept: more than any platform announces, far from overflow.
-cdef long long _MAX_REMAINING = 1 << 62
 
 
 # Which windows hold a place for a chat's admitted start (ChatQueue._reserved).

@@ -1,10 +1,15 @@
-"""ROOM"""
+"""The core's constants: sentinels, outcome and state codes, the wake-up.
 
+Every room imports its codes from here, so that each is defined once per
+core; the compiled core's ``constants.pxi`` has the same names with the
+same values (tests/test_core_rooms.py compares them).
+"""
 
 import contextvars
 import logging
+from queue import Empty as _Empty, SimpleQueue
 import threading
-from queue import Empty as _Empty, SimpleQueue as _Wake  # noqa: F401  (the rooms' wakes)
+
 
 logger = logging.getLogger("fastdispatch")
 
@@ -56,9 +61,6 @@ _INF = float("inf")
 
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
 
-# The largest learned budget kept: more than any platform announces.
-_MAX_REMAINING = 1 << 62
-
 # The coroutine task whose code runs in this context (set in the task's own
 # context when it starts; see DispatcherCore.running_chat).
 _current_task = contextvars.ContextVar("fastdispatch_current_task", default=None)
@@ -90,6 +92,9 @@ _START, _PARK, _REFETCH = 1, 0, -1
 # Not a Lock that the waker releases: on free-threaded CPython, acquiring a
 # held Lock spins first and only then sleeps, and the wait of a thread
 # going idle is seldom short; SimpleQueue.get sleeps at once.
+_Wake = SimpleQueue
+
+
 def _sleep(wake, timeout):
     # Take a token: True if one came, False after ``timeout`` seconds
     # (None: wait for one).

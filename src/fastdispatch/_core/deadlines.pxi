@@ -1,13 +1,22 @@
+# Deadlines and the timer thread (G9).
+#
+# The compiled twin of _core/deadlines.py, whose docstring explains this
+# room; included by _ringbuf.pyx.  What differs here: a worker's running
+# task is one field of its own _Runner (no shared list on the hot path);
+# coroutine tasks are an intrusive list through SendContext; _timer_by lets
+# a start skip the timer's lock.
+
 cdef class _Runner:
     """One worker thread's place in the running registry: the task it runs.
 
     A worker runs one thread task at a time, so its registry entry is one
     field under a lock of its own.  A start and an end write only here:
     no lock, list or neighbouring task that other workers write.  (With
-    one list for all, every start and end wrote the previous task's links,
-    an object another worker had just written, and took a lock every
-    worker takes: about 15 % of a ``post`` on free-threaded CPython, see
-    docs/performance.md.)  The timer and force_close() take the lock only
+    one list for all, every start and end would write the previous task's
+    links, an object another worker had just written, and take a lock
+    every worker takes: on free-threaded CPython, where workers run at the
+    same time, they would wait for each other there.)  The timer and
+    force_close() take the lock only
     when they look, which is seldom.  Made by its worker, so on
     free-threaded CPython its reference count stays that thread's.
     """
@@ -29,7 +38,7 @@ cdef class _Runner:
 
 
 cdef class _Deadlines(_WaitingRoom):
-    """ROOM DOC"""
+    """The running registry and the timer thread."""
 
     # Running tasks, where the timer (deadlines) and force_close() find
     # them: a thread task in its worker's _Runner (_runners: _pool_lock),

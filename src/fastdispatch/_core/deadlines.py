@@ -1,19 +1,30 @@
-"""ROOM"""
+"""Deadlines and the timer thread (G9).
+
+The running registry holds every task that runs now, in start order, so
+also in deadline order (every task gets the same ``send_timeout``).  The
+timer thread (``fastdispatch-deadlines``), started on first need, sleeps
+until the earliest thing due: a deadline, a parked chat's turn (the
+limiter's ``tick``), an event loop to check.  A task past its deadline is
+taken out of the registry by whoever gets there first, the timer or the
+task's own end: the taker owns its outcome.  ``_run_lock`` guards the
+registry and the timer's sleep state; ``_forced`` (force_close) stops
+every new start.
+"""
 
 from time import monotonic
 
-from .._errors import SendTimeout
-from .._errors import _safe_repr
+from .._errors import _safe_repr, SendTimeout
 
 from .constants import (
-    _AWAKE, _BY_TIMEOUT, _IDLE, _INF, _sleep, _TIMEOUT_MAX, _TIMER_AGAIN, _TIMER_STOP,
-    _UNTIL_DEADLINE, logger)
+    _AWAKE, _BY_TIMEOUT, _IDLE, _INF, logger, _sleep, _TIMEOUT_MAX, _TIMER_AGAIN,
+    _TIMER_STOP, _UNTIL_DEADLINE)
 from .futures import _future_finish
 from .items import _aio_set, _on_loop
 from .waiting import _WaitingRoom
 
+
 class _Deadlines(_WaitingRoom):
-    """ROOM DOC"""
+    """The running registry and the timer thread."""
 
     __slots__ = ("_run_lock", "_running", "_timer_wake", "_timer_state", "_timer_started",
                  "_timer_stop", "_timer_until", "_timer_next", "_forced", "_handoffs",

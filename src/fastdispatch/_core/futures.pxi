@@ -1,3 +1,11 @@
+# Moving a task's ``concurrent.futures.Future`` through its states.
+#
+# The compiled twin of _core/futures.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: the same operations as
+# futures.py, made from C under the Future's own lock when the Future's
+# layout is the one checked at import, and through the public methods
+# otherwise.
+
 cdef object _PENDING = _futures_base.PENDING
 cdef object _RUNNING = _futures_base.RUNNING
 cdef object _FINISHED = _futures_base.FINISHED
@@ -138,9 +146,9 @@ def _future_result(self, timeout=None):
     # hands it over from C, under its lock as the stdlib's method takes it;
     # anything else (not finished yet, an exception to raise, a cancelled
     # Future, a layout of its own) is the stdlib's method.  The stdlib's
-    # result() was a fifth of a submit + wait on free-threaded 3.13, which
-    # does not specialize bytecode (its Python code cost 1.8x what it does
-    # on 3.11); from C it costs a third of that (docs/performance.md).
+    # result() is Python code, which free-threaded CPython does not
+    # specialize: there it is a large part of a submit + wait, and from C a
+    # small one.
     cdef bint done = False
     lock = self._condition._lock
     lock.acquire()

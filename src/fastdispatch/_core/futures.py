@@ -1,11 +1,19 @@
-"""ROOM"""
+"""Moving a task's ``concurrent.futures.Future`` through its states.
 
+A Future is settled exactly once, by whoever takes the task's outcome
+(G7, docs/guarantees.md): ``_future_start`` moves it to RUNNING unless the
+caller cancelled it first, ``_future_finish`` to FINISHED, ``_settle``
+resolves one that never started, and ``_notify_cancelled`` lets a
+cancelled Future's waiters go.  In the twin these are the public methods;
+the compiled core makes the same state changes from C.
+"""
 
-from concurrent.futures._base import CANCELLED as _CANCELLED
-from concurrent.futures._base import CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED
-from concurrent.futures._base import PENDING as _PENDING
+from concurrent.futures._base import (
+    CANCELLED as _CANCELLED, CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED, PENDING
+    as _PENDING)
 
 from .._errors import Cancelled
+
 
 def _settle(future, exc):
     """Resolve a not-started task's Future with ``exc``.
@@ -26,6 +34,7 @@ def _settle(future, exc):
         return False
     return True
 
+
 def _future_start(future):
     """``future.set_running_or_notify_cancel()``: False if it was cancelled.
 
@@ -44,6 +53,7 @@ def _future_start(future):
             return not future.cancelled()
     return True
 
+
 def _future_finish(future, result, error):
     """``set_result(result)``, or ``set_exception(error)`` if it is not None.
 
@@ -57,6 +67,7 @@ def _future_finish(future, result, error):
             future.set_exception(error)
     except Exception:  # InvalidStateError
         pass
+
 
 def _notify_cancelled(future):
     # concurrent.futures.wait() and as_completed() see a cancelled Future

@@ -1,5 +1,11 @@
+# Accepting a task: ``submit``, ``post`` and ``asubmit`` (G1, G4, G24).
+#
+# The compiled twin of _core/intake.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: the same paths; submit hands
+# back free-threaded objects first (_take_back).
+
 cdef class _Intake(_LoopHandoff):
-    """ROOM DOC"""
+    """submit, post and asubmit."""
 
     def submit(self, chat_id, task, *, block=False, timeout=None):
         """Queue ``task`` for ``chat_id``; return a ``Future`` of its result.
@@ -112,7 +118,7 @@ cdef class _Intake(_LoopHandoff):
         key = _chat_key(chat_id)
         stripe = self._stripe_for(key)
         queues = stripe.queues
-        q = queues.get(key)
+        q = fd_dict_get(queues, key)
         item = _new_item(chat_id, task, future,
                          monotonic() if self._on_done is not None else 0.0, loop, ctx)
         if block:

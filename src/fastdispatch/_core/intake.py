@@ -1,23 +1,27 @@
-"""ROOM"""
+"""Accepting a task: ``submit``, ``post`` and ``asubmit`` (G1, G4, G24).
 
+``_enqueue`` puts the task in its chat's queue (inserting the queue on a
+miss), starts the chat if it had no owner, and when the chat is full
+either refuses (``QueueFull``, the default) or, with ``block=True``,
+enters the caller in the chat's line of waiters.  The task counts as
+pending before ``closed`` is read, so a ``shutdown()`` that saw no
+pending work also made this call see the dispatcher closed.
+"""
 
-from time import monotonic
 import contextvars
+from time import monotonic
 
-from .._errors import DispatcherClosed
-from .._errors import QueueFull
-from .._errors import _no_room
-from .._errors import _safe_repr
-from .._types import Future
-from .._types import _checked_wait
+from .._errors import DispatcherClosed, _no_room, QueueFull, _safe_repr
+from .._types import _checked_wait, Future
 
-from .chats import ChatQueue, _Waiter, _chat_key
+from . import constants
+from .chats import _chat_key, _Waiter
 from .items import _cancel_aio, _new_item
 from .loops import _LoopHandoff
-from . import constants
+
 
 class _Intake(_LoopHandoff):
-    """ROOM DOC"""
+    """submit, post and asubmit."""
 
     __slots__ = ()
 

@@ -1,3 +1,10 @@
+# A task on its way: ``SendContext`` (what the task receives) and its calls.
+#
+# The compiled twin of _core/items.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: SendContext is a final
+# extension type with a free list; its links for the running list of
+# coroutine tasks are C fields.
+
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 cdef cython.pymutex _event_lock
 
@@ -124,13 +131,11 @@ cdef class SendContext:
         task.  Outside a dispatcher the values are checked, then dropped.
         Cost: O(1) (one lock, a few dict operations).
         """
-        cdef long long n = _checked_remaining(remaining)
-        cdef double delay = _checked_reset_after(reset_after)
+        cdef long long n
+        cdef double delay
         cdef bint is_global
         cdef ChatQueue q
-        if bucket is not None:
-            bucket = _checked_bucket(bucket)
-        is_global = _checked_scope(scope)
+        n, delay, bucket, is_global = _checked_report(remaining, reset_after, bucket, scope)
         q = self._chatq
         if q is not None and q._core_ref is not None:
             core = q._core_ref()

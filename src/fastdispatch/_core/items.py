@@ -1,19 +1,26 @@
-"""ROOM"""
+"""A task on its way: ``SendContext`` (what the task receives) and its calls.
 
-from time import monotonic
+One object per accepted task carries its chat, its function, its Future,
+its deadline and its attempt, and is what the task's code sees
+(``sc.cancelled``, ``sc.report_limit``...).  The helpers here call the task
+in its caller's context and carry a coroutine task's result to its event
+loop (``_aio_set``, ``_on_loop``, ``_cancel_aio``).
+"""
+
 import inspect
 import threading
+from time import monotonic
 
-from .._errors import Cancelled
-from .._errors import SendTimeout
-from .._errors import _safe_repr
+from .._errors import Cancelled, _safe_repr, SendTimeout
+from ..pacing import _checked_report
 
-from .constants import _BY_FORCE, _current_task, _NOT_CANCELLED
-from .budgets import _checked_report
 from . import constants
+from .constants import _BY_FORCE, _current_task, _NOT_CANCELLED
+
 
 # Guards the lazy creation of SendContext events (rare: only for wait()).
 _event_lock = threading.Lock()
+
 
 class SendContext:
     """What a task receives: its chat, its deadline and its cancellation.
@@ -140,6 +147,7 @@ class SendContext:
         if event is not None:
             event.set()
 
+
 def _new_item(chat_id, fn, future, t_queued, loop=None, ctx=None):
     item = SendContext.__new__(SendContext)
     item.chat_id = chat_id
@@ -158,11 +166,13 @@ def _new_item(chat_id, fn, future, t_queued, loop=None, ctx=None):
     item._aio = item._queue = item._chatq = None
     return item
 
+
 def _call_in_context(item):
     # In the task's own context (see _start_async): mark it as the running
     # task there, then call it.
     _current_task.set(item)
     return item._fn(item)
+
 
 def _awaitable_error(item, result):
     # A thread task that returned a coroutine (or another awaitable) did not
@@ -180,6 +190,7 @@ def _awaitable_error(item, result):
         "runs them on the caller's event loop" % (
             _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
 
+
 def _aio_set(future, result, error):
     # On the future's own loop: resolve it, unless it is already done (the
     # caller cancelled its await).
@@ -188,6 +199,7 @@ def _aio_set(future, result, error):
             future.set_result(result)
         else:
             future.set_exception(error)
+
 
 def _on_loop(loop, fn, *args):
     """Run ``fn(*args)`` on ``loop``: now when this is its thread, else at
@@ -200,6 +212,7 @@ def _on_loop(loop, fn, *args):
     except RuntimeError:  # the loop is closed
         return False
     return True
+
 
 def _cancel_aio(item):
     # On the loop: cancel the awaitable a coroutine task is running, if any.

@@ -1,3 +1,9 @@
+# Pacing: when may a chat start its next task (G12, G13, G15).
+#
+# The compiled twin of _core/limiter.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: a window is a C ring of
+# doubles.
+
 @cython.final
 cdef class _Window:
     """The newest start times of one rate limit (a sliding window).
@@ -186,7 +192,7 @@ cdef class _Limiter(_Budgets):
         cdef _Window fresh
         if type(key) is _ChatKey:
             key = _rekey(<_ChatKey>key)
-        window = self._windows.get(key)
+        window = fd_dict_get(self._windows, key)
         if window is not None and not window.dead:
             return window
         limit = self._chat_limit

@@ -1,15 +1,23 @@
-"""ROOM"""
+"""Pacing: when may a chat start its next task (G12, G13, G15).
+
+``_Window`` is one rate limit's memory (the last starts, within ``per``);
+``_Limiter`` decides each start: its class docstring explains the two-step
+start (admit, then commit or release), the line of chats under the global
+limit, and parking.  One lock guards it all (``_Limiter.lock``), taken
+inside a queue's lock and never the other way round.
+"""
 
 from collections import deque
-from time import monotonic
 import heapq
+from time import monotonic
 
 from .._errors import _safe_repr
 from ..pacing import RateLimit
 
-from .chats import _ChatKey
 from .budgets import _Budgets
-from .constants import _CHAT, _GLOBAL, _INF, _LEARNED, _PARK, _REFETCH, _START, logger
+from .chats import _ChatKey
+from .constants import _CHAT, _GLOBAL, _INF, _LEARNED, logger, _PARK, _REFETCH, _START
+
 
 class _Window:
     """The last ``count`` start times of one rate limit (a sliding window).
@@ -80,6 +88,7 @@ class _Window:
         """Forget the newest stamp (a start the platform refused)."""
         if self.stamps:
             self.stamps.pop()
+
 
 class _Limiter(_Budgets):
     """Pacing: everything that decides when a chat may start its next task.

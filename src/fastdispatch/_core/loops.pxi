@@ -1,5 +1,10 @@
+# Coroutine tasks: a chat handed to its event loop (G17, G26).
+#
+# The compiled twin of _core/loops.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: the same hand-off.
+
 cdef class _LoopHandoff(_Pool):
-    """ROOM DOC"""
+    """Chats handed to an event loop, for their coroutine tasks."""
 
     def _uses_loops(self):
         """Whether coroutine tasks (asubmit) were ever queued."""

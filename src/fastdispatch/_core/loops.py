@@ -1,19 +1,30 @@
-"""ROOM"""
+"""Coroutine tasks: a chat handed to its event loop (G17, G26).
 
-from time import monotonic
+A chat whose next task is a coroutine runs on that task's loop: the chat
+is handed over (``_hand_to_loop``) and driven there by the same drain
+loop as a worker's (``_loop_step``).  ``_start_async`` starts the task in
+its caller's context; ``_aio_done`` ends it from the loop; cancelling the
+caller cancels the running attempt.  A loop that stops or closes with
+work of this dispatcher is found by the timer (``_check_loops_locked``):
+a hand-off never taken goes back to the workers, the tasks of a closed
+loop end with an error (``_end_on_closed_loop``).  Handoffs and each
+loop's running tasks are guarded by ``_run_lock``.
+"""
+
 import functools
 import inspect
+from time import monotonic
 
-from .._errors import Cancelled
-from .._errors import _task_call_error
+from .._errors import Cancelled, _task_call_error
 
+from . import constants
 from .constants import _ASYNC, _DONE, _HANDOFF_CHECK, _INF, _LOOP_CHECK, _PANICKED
 from .items import _call_in_context, _cancel_aio
 from .pool import _Pool
-from . import constants
+
 
 class _LoopHandoff(_Pool):
-    """ROOM DOC"""
+    """Chats handed to an event loop, for their coroutine tasks."""
 
     __slots__ = ()
 

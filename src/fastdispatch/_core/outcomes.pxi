@@ -1,11 +1,16 @@
+# A task's run and its outcome: run, end, retry, panic (G7, G10, G13).
+#
+# The compiled twin of _core/outcomes.py, whose docstring explains this
+# room; included by _ringbuf.pyx.  What differs here: the same paths; an
+# outcome is counted in one atomic array (_counts).
+
 cdef class _Outcomes(_Deadlines):
-    """ROOM DOC"""
+    """Running a task and deciding its outcome: result, error, retry or panic."""
 
     # Configuration, written once before any task (_configure).
     cdef object _on_start, _on_retry
-    cdef object _retry, _retry_on
+    cdef object _retry
     cdef int _max_attempts
-    cdef double _max_retry_after
 
     cdef int _drop_dead_head(self, ChatQueue q, object loop) except -1:
         # The loop the chat's next task belongs to is closed, or stopped
@@ -175,33 +180,6 @@ cdef class _Outcomes(_Deadlines):
         self._maybe_drained()
         return _PANICKED if panic is not None else _DONE
 
-    cdef object _retry_plan(self, SendContext item, object error):
-        # G13 (docs/guarantees.md): how long until ``error``'s task may run again, and whether
-        # every chat waits (a global RetryAfter): (delay, is_global,
-        # refused), or None when it is not retried.  ``error`` is user code
-        # (a RetryAfter subclass may carry anything in ``seconds``, a
-        # retry_on class may have a hostile __instancecheck__): what this
-        # raises fails the task, never the worker.
-        cdef double delay
-        if isinstance(error, RetryAfter):
-            seconds = error.seconds
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-                raise TypeError("RetryAfter.seconds must be a number, got %r"
-                                % (type(seconds).__name__,))
-            try:
-                delay = float(seconds)
-            except OverflowError:
-                delay = _INF  # an int too large for a float: longer than any cap
-            if delay != delay or delay < 0:
-                raise ValueError("RetryAfter.seconds must be >= 0, got %r" % (delay,))
-            if delay > self._max_retry_after:
-                return None
-            scope = error.scope
-            return (delay, type(scope) is str and scope == "global", True)
-        if self._retry_on and isinstance(error, self._retry_on):
-            return (self._retry.backoff_delay(item._attempt), False, False)
-        return None
-
     cdef int _retry_later(self, SendContext item, ChatQueue q, object error) except -1:
         # A RetryAfter, or a retry_on error, runs the same task again ahead
         # of every later task of its chat.  Return _RETRYING, _DONE when it
@@ -212,7 +190,7 @@ cdef class _Outcomes(_Deadlines):
         cdef int attempt = item._attempt
         cdef bint is_global, refused
         try:
-            plan = self._retry_plan(item, error)
+            plan = _retry_plan(error, item._attempt, self._retry)
         except BaseException as exc:
             logger.error("chat %s: cannot retry the task's %s", _safe_repr(q.chat_id),
                          _safe_repr(type(error)), exc_info=exc)

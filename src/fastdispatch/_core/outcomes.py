@@ -1,25 +1,31 @@
-"""ROOM"""
+"""A task's run and its outcome: run, end, retry, panic (G7, G10, G13).
 
-from time import monotonic
+``_run`` calls a thread task; ``_begin`` and ``_end`` bracket every start
+(hooks, the registry, the Future).  ``_end`` decides: a result, an error,
+a retry (``_retry_later`` asks ``pacing._retry_plan``, then puts
+the task back at its chat's head, parked until its delay), or a panic
+(``_panic``: the chat's waiting tasks are discarded, ``recover`` is
+called, the chat is closed).  Every accepted task's Future is resolved
+exactly once, here or by the path that took its outcome.
+"""
+
 import inspect
+from time import monotonic
 
-from .._errors import Cancelled
-from .._errors import RetryAfter
-from .._errors import TaskDiscarded
-from .._errors import _safe_repr
-from .._errors import _task_call_error
+from .._errors import Cancelled, _safe_repr, _task_call_error, TaskDiscarded
+from ..pacing import _retry_plan
 
 from .chats import _admit_locked, _peek_head, _take_head_locked
-from .constants import _BY_TIMEOUT, _DONE, _FORCED, _INF, _PANICKED, _RETRYING, logger
+from .constants import _BY_TIMEOUT, _DONE, _FORCED, _PANICKED, _RETRYING, logger
 from .deadlines import _Deadlines
 from .futures import _future_finish, _future_start, _settle
 from .items import _aio_set, _awaitable_error, _on_loop
 
-class _Outcomes(_Deadlines):
-    """ROOM DOC"""
 
-    __slots__ = ("_on_start", "_on_retry", "_retry", "_retry_on", "_max_attempts",
-                 "_max_retry_after")
+class _Outcomes(_Deadlines):
+    """Running a task and deciding its outcome: result, error, retry or panic."""
+
+    __slots__ = ("_on_start", "_on_retry", "_retry", "_max_attempts")
 
     def _drop_dead_head(self, q, loop):
         # The loop the chat's next task belongs to is closed, or stopped
@@ -168,38 +174,13 @@ class _Outcomes(_Deadlines):
         self._maybe_drained()
         return _PANICKED if panic is not None else _DONE
 
-    def _retry_plan(self, item, error):
-        # G13 (docs/guarantees.md): how long until ``error``'s task may run again, and whether
-        # every chat waits (a global RetryAfter); None when it is not retried.
-        # ``error`` is user code (a RetryAfter subclass may carry anything in
-        # ``seconds``, a retry_on class may have a hostile __instancecheck__):
-        # what this raises fails the task, never the worker.
-        if isinstance(error, RetryAfter):
-            seconds = error.seconds
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-                raise TypeError("RetryAfter.seconds must be a number, got %r"
-                                % (type(seconds).__name__,))
-            try:
-                delay = float(seconds)
-            except OverflowError:
-                delay = _INF  # an int too large for a float: longer than any cap
-            if delay != delay or delay < 0:
-                raise ValueError("RetryAfter.seconds must be >= 0, got %r" % (delay,))
-            if delay > self._max_retry_after:
-                return None
-            scope = error.scope
-            return delay, type(scope) is str and scope == "global", True
-        if self._retry_on and isinstance(error, self._retry_on):
-            return self._retry.backoff_delay(item._attempt), False, False
-        return None
-
     def _retry_later(self, item, q, error):
         # A RetryAfter, or a retry_on error, runs the same task again ahead
         # of every later task of its chat.  Return (_RETRYING, error),
         # (_DONE, the error the task fails with) when it is not retried, or
         # (_FORCED, error) when force_close() came first.
         try:
-            plan = self._retry_plan(item, error)
+            plan = _retry_plan(error, item._attempt, self._retry)
         except BaseException as exc:
             logger.error("chat %s: cannot retry the task's %s", _safe_repr(q.chat_id),
                          _safe_repr(type(error)), exc_info=exc)

@@ -1,5 +1,12 @@
+# The worker pool: threads, slots and the ready list (G3, G6).
+#
+# The compiled twin of _core/pool.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: the ready list is intrusive
+# (ChatQueue._next_ready); a worker sleeps on a SimpleQueue token; it calls
+# the loop hand-off, the room above, through DispatcherCore.
+
 cdef class _Pool(_Outcomes):
-    """ROOM DOC"""
+    """Workers, slots and the ready list: the global cap."""
 
     # All guarded by _pool_lock (declared with the counters: the running
     # registry of thread tasks, _Deadlines._runners, is under it too).

@@ -1,13 +1,26 @@
-"""ROOM"""
+"""The worker pool: threads, slots and the ready list (G3, G6).
+
+A chat with work and no owner waits on the ready list, holding no
+thread.  One idle worker at a time is sent to it (the searcher: a worker
+that finds work sends the next), or a new thread while fewer than
+``max_inflight`` exist.  A worker owns the chat it took and runs its
+tasks one by one (``_drain_chat``), asking the limiter before each start
+(``_next_paced``), until the chat is empty or must wait.  Every start
+takes one of ``max_inflight`` slots (the global cap, G3); a coroutine
+task holds its slot but no thread, and a chat that finds no slot waits
+for one (``_slot_waiters``).  ``_pool_lock`` guards the ready list, the
+idle stack, the thread count and the slot waiters.
+"""
 
 from .chats import _peek_head, _take_head_locked
 from .constants import (
-    _AGAIN, _ASYNC, _DONE, _ELSEWHERE, _PANICKED, _PARKED_CHAT, _REFETCH, _sleep,
-    _SPAWN, _START, _Wake, _WORKERS, logger)
+    _AGAIN, _ASYNC, _DONE, _ELSEWHERE, logger, _PANICKED, _PARKED_CHAT, _REFETCH,
+    _sleep, _SPAWN, _START, _Wake, _WORKERS)
 from .outcomes import _Outcomes
 
+
 class _Pool(_Outcomes):
-    """ROOM DOC"""
+    """Workers, slots and the ready list: the global cap."""
 
     __slots__ = ("_ready", "_idle", "_searching", "_stopping", "_slot_waiters")
 

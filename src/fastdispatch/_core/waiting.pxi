@@ -1,5 +1,11 @@
+# Waiting for room: ``block=True`` on a full chat (G24, G25).
+#
+# The compiled twin of _core/waiting.py, whose docstring explains this room;
+# included by _ringbuf.pyx.  What differs here: the same protocol; a thread
+# waits on a SimpleQueue token (_sleep).
+
 cdef class _WaitingRoom(_ChatMap):
-    """ROOM DOC"""
+    """Callers waiting for room in a full chat, and the graph of who waits for whom."""
 
     # How many chats have a running task that waits for room (_wait_lock,
     # which also guards every ChatQueue._blocked_on).

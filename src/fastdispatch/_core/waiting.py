@@ -1,19 +1,34 @@
-"""ROOM"""
+"""Waiting for room: ``block=True`` on a full chat (G24, G25).
+
+A caller that may wait enters the chat's line (``_add_waiter_locked``)
+and sleeps: a thread on its own wake, a coroutine on a Future of its
+loop (holding no thread).  A task leaving the ring lets the oldest waiter
+in (``_admit_locked``, in the chat room) and wakes it
+(``_wake_admitted``); ``close()`` wakes every waiter with
+``DispatcherClosed`` (``_close_waiters``); a waiter that times out or is
+cancelled leaves the line and nothing behind (``_end_wait``).
+
+Nothing waits for itself (G25): a running task that would wait for room
+in another chat is entered in a wait-for graph (``ChatQueue.blocked_on``
+under ``_wait_lock``); a wait that would close a cycle, or need the slot
+its own task holds, is refused at once with the reason.
+``running_chat()`` says which chat the calling code runs for.
+"""
 
 from collections import deque
 
-from .._errors import DispatcherClosed
-from .._errors import _wait_ended
+from .._errors import DispatcherClosed, _wait_ended
 
+from . import constants
 from .chats import _ChatMap, _Waiter
 from .constants import (
     _current_task, _NO_ROOM_CYCLE, _NO_ROOM_LOOP, _NO_ROOM_MAX, _NO_ROOM_SELF,
     _NO_ROOM_SLOTS, _sleep, _TIMED_OUT, _W_ADMITTED, _W_CLOSED, _W_GONE, _W_WAITING)
 from .items import _aio_set, _on_loop
-from . import constants
+
 
 class _WaitingRoom(_ChatMap):
-    """ROOM DOC"""
+    """Callers waiting for room in a full chat, and the graph of who waits for whom."""
 
     __slots__ = ("_wait_lock", "_task_waiting", "_tls")
 
