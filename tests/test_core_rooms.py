@@ -17,7 +17,10 @@ way that is not listed below as intended:
 5. in a compiled room class, ``self.name`` never names a ``cdef`` method or
    field of a room above it: Cython would compile that as a Python
    attribute lookup, which fails when it runs; such a call is written
-   ``(<DispatcherCore>self).name(...)``.
+   ``(<DispatcherCore>self).name(...)``.  In both cores, ``self.name`` in a
+   room class names something a room or the dispatcher class of
+   ``_dispatcher.py`` defines (the twin's DispatcherCore has no
+   ``__slots__``: a misspelt field would otherwise pass unnoticed).
 
 A difference that is meant goes in ``INTENDED`` with its reason, in plain
 words; an entry that no longer matches a difference fails too (the table
@@ -278,7 +281,8 @@ class _Def:
         self.methods = {}
         self.fields = None    # a class's cdef fields, or its __slots__ (a set)
         self.base = None
-        self.self_refs = []   # (line, name, method): self.<name> in a compiled class
+        self.self_refs = []   # (line, name, method): self.<name> in its methods
+        self.attrs = set()    # names assigned in a twin class's body (but __slots__)
         self.cdef = False     # a cdef class (compiled core)
 
     @property
@@ -545,10 +549,16 @@ def read_py(path, wiring=False):
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     cls.methods[item.name] = _Def(item.name, "def", path, item.lineno,
                                                   item.end_lineno)
+                    cls.self_refs.extend(
+                        (n.lineno, n.attr, item.name) for n in ast.walk(item)
+                        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                        and n.value.id == "self")
                 elif (isinstance(item, ast.Assign) and len(item.targets) == 1
                       and isinstance(item.targets[0], ast.Name)
                       and item.targets[0].id == "__slots__"):
                     cls.fields = set(ast.literal_eval(item.value))
+                elif isinstance(item, ast.Assign):
+                    cls.attrs.update(t.id for t in item.targets if isinstance(t, ast.Name))
             if cls.fields is None:
                 cls.fields = set()
             src.classes[node.name] = cls
@@ -904,6 +914,36 @@ def check_upward_calls(cores):
     return problems
 
 
+def check_twin_names(cores):
+    """5, the twin: ``self.name`` in a room class of the core is defined somewhere
+    in the core's line of rooms, or by the dispatcher class of ``_dispatcher.py``."""
+    classes = {}
+    for src in cores.py.values():
+        for cls in src.classes.values():
+            classes[cls.name] = cls
+    line = []
+    name = "DispatcherCore"
+    while name in classes and name not in line:
+        line.append(name)
+        name = classes[name].base
+    known = set()
+    for name in line:
+        cls = classes[name]
+        known |= set(cls.methods) | cls.fields | cls.attrs
+    if os.path.exists(cores.dispatcher):
+        known |= subclass_names(cores.dispatcher)
+    problems = []
+    for name in line:
+        cls = classes[name]
+        for lineno, attr, method in cls.self_refs:
+            if attr not in known and not attr.startswith("__"):
+                problems.append(
+                    "%s:%d (%s.%s): self.%s is defined by no room of the twin's core, nor by "
+                    "the dispatcher class in _dispatcher.py: misspelt, or missing from a "
+                    "room's __slots__" % (_short(cls.path), lineno, name, method, attr))
+    return problems
+
+
 # ------------------------------------------------------------ the real cores
 
 def _cores():
@@ -940,6 +980,11 @@ def test_no_class_over_500_lines_no_function_over_80():
 
 def test_compiled_rooms_reach_rooms_above_through_dispatchercore():
     problems = check_upward_calls(_cores())
+    assert not problems, _report(problems)
+
+
+def test_twin_rooms_use_only_names_the_core_defines():
+    problems = check_twin_names(_cores())
     assert not problems, _report(problems)
 
 
@@ -1035,7 +1080,7 @@ def _all(cores, intended=None):
     intended = {} if intended is None else intended
     return (check_rooms(cores, pyx_only={}) + check_shapes(cores, intended, {})
             + check_constants(cores, intended, {}) + check_sizes(cores)
-            + check_upward_calls(cores))
+            + check_upward_calls(cores) + check_twin_names(cores))
 
 
 def _one(problems, *words):
@@ -1128,6 +1173,14 @@ def test_check_finds_self_reaching_a_cdef_method_of_a_room_above(tmp_path):
     hall = _PAIR["_core/hall.pxi"].replace("self._notify_drained()", "self._nowhere()")
     _one(check_upward_calls(_pair(tmp_path / "d", {"_core/hall.pxi": hall})),
          "self._nowhere is defined by no class")
+
+
+def test_check_finds_a_misspelt_name_in_the_twin(tmp_path):
+    hall = _PAIR["_core/hall.py"].replace("self._n += 1", "self._nn = 1")
+    _one(check_twin_names(_pair(tmp_path / "a", {"_core/hall.py": hall})),
+         "_core/hall.py:7 (_Hall._tick): self._nn")
+    door = _PAIR["_core/door.py"].replace("self._tick()", "self._notify_drained()")
+    assert check_twin_names(_pair(tmp_path / "b", {"_core/door.py": door})) == []
 
 
 def _real_copy(tmp_path):
