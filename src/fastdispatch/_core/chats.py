@@ -139,9 +139,10 @@ class ChatQueue(RingBuffer):
 class _Waiter:
     """A caller waiting for room in a full chat (``block=True``).
 
-    ``wake`` is a held lock that the waker releases (a thread), or a Future
-    of the caller's event loop (an ``asubmit``).  ``holder`` is the chat
-    queue of the running task the caller waits inside, if any.
+    ``wake`` is a wake (a SimpleQueue, as an idle worker's: see _sleep) in
+    which the waker puts one token (a thread), or a Future of the caller's
+    event loop (an ``asubmit``).  ``holder`` is the chat queue of the
+    running task the caller waits inside, if any.
     """
 
     __slots__ = ("item", "q", "loop", "wake", "state", "queue_len", "holder")

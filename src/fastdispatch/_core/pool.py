@@ -39,8 +39,8 @@ class _Pool(_Outcomes):
         # One at a time: a searcher that finds work calls the next one, so
         # workers are woken as fast as they actually start, not once per
         # chat (with the GIL, a burst of wake-ups is a burst of thread
-        # switches that buys nothing).  Returns the idle worker's wake lock to
-        # release, _SPAWN to start a new worker, or None.
+        # switches that buys nothing).  Returns the idle worker's wake to
+        # give a token, _SPAWN to start a new worker, or None.
         if self._searching:
             return None
         if self._idle:
