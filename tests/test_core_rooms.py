@@ -105,13 +105,6 @@ _NEW = ("the compiled core builds it with __new__ and sets its C fields in one h
         "(no __init__ call per submit); the twin's __init__ does the same")
 _WINDOW_RING = ("the compiled window keeps its count + 1 newest stamps in a C ring of "
                 "doubles; the twin's in a deque with that maxlen")
-_CHECKS = ("report_limit's values are checked by four typed C functions in the compiled core "
-           "and by one function returning the checked tuple in the twin (same tests, same "
-           "error texts)")
-_IN_HEAP = ("whether the budget has its entry on the forget schedule: a C flag in the "
-            "compiled core; the twin keeps that entry's time (None: none), read only as a flag")
-_OUTCOMES = ("indexes into the compiled core's atomic _counts; the twin names an outcome by a "
-             "string ('completed', ...) and counts it in _count")
 _WORDING = ("the compiled core words a task's SendTimeout before it claims the task, outside "
             "the locks; the twin claims it with a bare SendTimeout under _run_lock and words "
             "it afterwards (_expired_error)")
@@ -124,12 +117,6 @@ INTENDED = {
     ("bookkeeping", "_Bookkeeping", "_take_back"): _HANDBACK,
     ("bookkeeping", "_Bookkeeping", "_back"): _HANDBACK,
     ("bookkeeping", "_Bookkeeping", "_count"): _COUNTS,
-    ("bookkeeping", "_Bookkeeping", "_counts"): _COUNTS,
-    ("bookkeeping", "_Bookkeeping", "_completed"): _COUNTS,
-    ("bookkeeping", "_Bookkeeping", "_failed"): _COUNTS,
-    ("bookkeeping", "_Bookkeeping", "_discarded"): _COUNTS,
-    ("bookkeeping", "_Bookkeeping", "_cancelled"): _COUNTS,
-    ("bookkeeping", "_Bookkeeping", "_timed_out"): _COUNTS,
     ("bookkeeping", "_Bookkeeping", "_count_lock"):
         "the twin's counters are guarded by one lock; the compiled core's are atomic integers",
     ("bookkeeping", "_Bookkeeping", "__weakref__"):
@@ -145,11 +132,6 @@ INTENDED = {
         "the compiled core records a LatencyHistogram on_done hook from C (room "
         "histogram); the twin calls it as any other hook",
     # budgets
-    ("budgets", None, "_checked_remaining"): _CHECKS,
-    ("budgets", None, "_checked_reset_after"): _CHECKS,
-    ("budgets", None, "_checked_bucket"): _CHECKS,
-    ("budgets", None, "_checked_scope"): _CHECKS,
-    ("budgets", None, "_checked_report"): _CHECKS,
     ("budgets", None, "_spent_until"): _LEARNED_FIELDS,
     ("budgets", "_Budgets", "_own_locked"): _LEARNED_FIELDS,
     ("budgets", "_Budgets", "_shared_locked"): _LEARNED_FIELDS,
@@ -158,8 +140,6 @@ INTENDED = {
     ("budgets", "_Budgets", "_need_timer"): _CORE_REF,
     ("budgets", "_Budgets", "need_timer"): _CORE_REF,
     ("budgets", "_Budgets", "on_learn"): _CORE_REF,
-    ("budgets", "_Bucket", "in_heap"): _IN_HEAP,
-    ("budgets", "_Bucket", "heap_at"): _IN_HEAP,
     # chats
     ("chats", None, "_Stripe"): _STRIPES,
     ("chats", "_ChatMap", "_stripe_for"): _STRIPES,
@@ -193,11 +173,6 @@ INTENDED = {
     ("chats", "RingBuffer", "_count"): _RING,
     ("chats", "RingBuffer", "_items"): _RING,
     # constants
-    ("constants", None, "C_COMPLETED"): _OUTCOMES,
-    ("constants", None, "C_FAILED"): _OUTCOMES,
-    ("constants", None, "C_DISCARDED"): _OUTCOMES,
-    ("constants", None, "C_CANCELLED"): _OUTCOMES,
-    ("constants", None, "C_TIMED_OUT"): _OUTCOMES,
     # deadlines
     ("deadlines", None, "_Runner"): _RUNNERS,
     ("deadlines", "_Deadlines", "_runners"): _RUNNERS,

@@ -63,7 +63,7 @@ import weakref
 from collections import OrderedDict, deque
 
 from ._core.chats import ChatQueue, RingBuffer
-from ._core.constants import _AWAKE, _BY_FORCE, _INF, _Wake, _allocate_lock
+from ._core.constants import _AWAKE, _BY_FORCE, _INF, _Wake, _allocate_lock, C_CANCELLED
 from ._core.intake import _Intake
 from ._core.items import SendContext
 from ._core.limiter import _Limiter, _Window  # noqa: F401  (_Window: as in the compiled module)
@@ -103,8 +103,8 @@ class DispatcherCore(_Intake):
         self._pending = 0
         self._drain_waiters = 0
         self._inflight = 0
-        self._submitted = self._completed = self._failed = 0
-        self._rejected = self._discarded = self._cancelled = self._timed_out = 0
+        self._submitted = self._rejected = 0
+        self._counts = [0] * 5        # by outcome: C_COMPLETED ... C_TIMED_OUT
         self._retried = 0             # under _count_lock
         # Coroutine tasks (asubmit).  Every start takes one of max_inflight
         # slots (_inflight), held until the task ends: a coroutine task in
@@ -204,10 +204,10 @@ class DispatcherCore(_Intake):
                 waiting = q.clear()
             if retrying is not None:
                 self._settle_started(retrying, Cancelled("the dispatcher was force-closed"),
-                                     "cancelled")
+                                     C_CANCELLED)
             for item in waiting:
                 self._finish(item, Cancelled("the dispatcher was force-closed"),
-                             "cancelled")
+                             C_CANCELLED)
         # Parked chats are owned by nobody but the timer's schedule, which
         # is now empty: hand them to workers, which find them empty and
         # remove them.

@@ -16,7 +16,7 @@ from time import monotonic
 from .._errors import _safe_repr
 from .._types import DispatchInfo
 
-from .constants import logger
+from .constants import C_CANCELLED, C_COMPLETED, C_DISCARDED, C_FAILED, C_TIMED_OUT, logger
 
 
 class _Bookkeeping:
@@ -25,8 +25,8 @@ class _Bookkeeping:
     __slots__ = ("_max_inflight", "_queue_size", "_send_timeout", "_idle_timeout", "_on_queued",
                  "_on_done", "_on_rejected", "_recover", "_limiter", "_ref", "_limited",
                  "_async_used", "_closed", "_count_lock", "_pending", "_drain_waiters",
-                 "_inflight", "_submitted", "_completed", "_failed", "_rejected", "_discarded",
-                 "_cancelled", "_timed_out", "_retried", "_waiting", "_max_waiting",
+                 "_inflight", "_submitted", "_rejected", "_retried", "_counts", "_waiting",
+                 "_max_waiting",
                  "_threads", "_pool_lock")
 
     def _reject(self, chat_id, exc, waited=False):
@@ -47,8 +47,9 @@ class _Bookkeeping:
     def _counters(self):
         paced, parked = self._limiter.counters()
         with self._count_lock:
-            return (self._submitted, self._completed, self._failed, self._rejected,
-                    self._discarded, self._cancelled, self._timed_out,
+            counts = self._counts
+            return (self._submitted, counts[C_COMPLETED], counts[C_FAILED], self._rejected,
+                    counts[C_DISCARDED], counts[C_CANCELLED], counts[C_TIMED_OUT],
                     len(self._queues), self._inflight, self._threads,
                     self._retried, paced, parked, self._waiting)
 
@@ -73,16 +74,7 @@ class _Bookkeeping:
 
     def _count(self, outcome):
         with self._count_lock:
-            if outcome == "completed":
-                self._completed += 1
-            elif outcome == "failed":
-                self._failed += 1
-            elif outcome == "cancelled":
-                self._cancelled += 1
-            elif outcome == "discarded":
-                self._discarded += 1
-            else:
-                self._timed_out += 1
+            self._counts[outcome] += 1
 
     def _report(self, item, error, run_latency):
         start = item._t_start if item._t_start else monotonic()

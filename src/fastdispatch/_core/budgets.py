@@ -29,13 +29,13 @@ class _Bucket:
     ``pending`` counts starts admitted against it, not made yet (as in
     ``_Window``); ``commit`` spends one of ``remaining``.  Once ``reset``
     has passed it no longer applies, and the timer forgets it
-    (``dead``): ``heap_at`` is the time of its one entry on the limiter's
-    forget schedule (None while it has none).  A shared bucket knows the
+    (``dead``): ``in_heap`` says it has its one entry on the limiter's
+    forget schedule.  A shared bucket knows the
     chats that reported it (``members``), whose links to it go with it.
     Guarded by the limiter's lock.
     """
 
-    __slots__ = ("kind", "key", "remaining", "reset", "pending", "dead", "heap_at",
+    __slots__ = ("kind", "key", "remaining", "reset", "pending", "dead", "in_heap",
                  "members")
 
     def __init__(self, kind, key):
@@ -45,7 +45,7 @@ class _Bucket:
         self.reset = 0.0
         self.pending = 0
         self.dead = False
-        self.heap_at = None
+        self.in_heap = False
         self.members = set() if kind == _B_SHARED else None
 
     def spent(self, now):
@@ -125,13 +125,13 @@ class _Budgets:
                     b = self.chat_buckets[key] = _Bucket(_B_CHAT, key)
             b.remaining = remaining
             b.reset = reset
-            if b.heap_at is None:
+            if not b.in_heap:
                 self._forget_at_locked(b, reset)
 
     def _forget_at_locked(self, b, when):
         # The bucket's one entry on the forget schedule; the timer is told
         # when it becomes the earliest.
-        b.heap_at = when
+        b.in_heap = True
         self.seq += 1
         entry = (when, self.seq, b)
         heapq.heappush(self.bucket_heap, entry)

@@ -26,6 +26,9 @@ _TIMER_AGAIN, _TIMER_STOP = 0, -1
 # What _call_searcher_locked returns when a new worker thread must start.
 _SPAWN = object()
 
+# Outcome counters, indexes into _Bookkeeping._counts.
+C_COMPLETED, C_FAILED, C_DISCARDED, C_CANCELLED, C_TIMED_OUT = 0, 1, 2, 3, 4
+
 # What _run returns: the task ended, it panicked, or it will run again.
 _DONE, _PANICKED, _RETRYING, _FORCED, _REFUSED = 0, 1, 2, 3, 4
 

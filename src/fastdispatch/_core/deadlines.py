@@ -16,8 +16,8 @@ from time import monotonic
 from .._errors import _safe_repr, SendTimeout
 
 from .constants import (
-    _AWAKE, _BY_TIMEOUT, _IDLE, _INF, logger, _sleep, _TIMEOUT_MAX, _TIMER_AGAIN,
-    _TIMER_STOP, _UNTIL_DEADLINE)
+    _AWAKE, _BY_TIMEOUT, _IDLE, _INF, _sleep, _TIMEOUT_MAX, _TIMER_AGAIN, _TIMER_STOP,
+    _UNTIL_DEADLINE, C_CANCELLED, C_TIMED_OUT, logger)
 from .futures import _future_finish
 from .items import _aio_set, _on_loop
 from .waiting import _WaitingRoom
@@ -192,7 +192,7 @@ class _Deadlines(_WaitingRoom):
         # cancel, clears it) and drop whatever it returns later.
         item._cancel_with(reason)
         error = self._expired_error(item, error)
-        outcome = "timed_out" if reason == _BY_TIMEOUT else "cancelled"
+        outcome = C_TIMED_OUT if reason == _BY_TIMEOUT else C_CANCELLED
         future = item._future
         item._future = None
         self._count(outcome)

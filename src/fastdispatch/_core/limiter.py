@@ -420,7 +420,7 @@ class _Limiter(_Budgets):
                     until = min(until, heap[0][0])
                     break
                 b = heapq.heappop(heap)[2]
-                b.heap_at = None
+                b.in_heap = False
                 if b.reset > now:
                     self._forget_at_locked(b, b.reset)  # a later report moved it
                 else:

@@ -18,7 +18,7 @@ from time import monotonic
 from .._errors import Cancelled, _task_call_error
 
 from . import constants
-from .constants import _ASYNC, _DONE, _HANDOFF_CHECK, _INF, _LOOP_CHECK, _PANICKED
+from .constants import _ASYNC, _DONE, _HANDOFF_CHECK, _INF, _LOOP_CHECK, _PANICKED, C_CANCELLED
 from .items import _call_in_context, _cancel_aio
 from .pool import _Pool
 
@@ -74,10 +74,10 @@ class _LoopHandoff(_Pool):
             error = (Cancelled("the dispatcher was force-closed") if self._forced
                      else Cancelled("cancelled before it started"))
             if item._attempt == 1:
-                self._finish(item, error, "cancelled")
+                self._finish(item, error, C_CANCELLED)
                 self._maybe_drained()
             else:
-                self._settle_started(item, error, "cancelled")
+                self._settle_started(item, error, C_CANCELLED)
             return _DONE
         if not self._begin(item, q):
             return _DONE

@@ -16,7 +16,9 @@ from .._errors import Cancelled, _safe_repr, _task_call_error, TaskDiscarded
 from ..pacing import _retry_plan
 
 from .chats import _admit_locked, _peek_head, _take_head_locked
-from .constants import _BY_TIMEOUT, _DONE, _FORCED, _PANICKED, _RETRYING, logger
+from .constants import (
+    _BY_TIMEOUT, _DONE, _FORCED, _PANICKED, _REFUSED, _RETRYING, C_CANCELLED,
+    C_COMPLETED, C_DISCARDED, C_FAILED, logger)
 from .deadlines import _Deadlines
 from .futures import _future_finish, _future_start, _settle
 from .items import _aio_set, _awaitable_error, _on_loop
@@ -41,9 +43,9 @@ class _Outcomes(_Deadlines):
         error = Cancelled("the event loop of this coroutine task is closed or stopped "
                           "before the task could start")
         if item._attempt > 1:
-            self._settle_started(item, error, "cancelled")
+            self._settle_started(item, error, C_CANCELLED)
         else:
-            self._finish(item, error, "cancelled")
+            self._finish(item, error, C_CANCELLED)
             self._maybe_drained()
 
     def _refuse_head(self, q, exc):
@@ -60,9 +62,9 @@ class _Outcomes(_Deadlines):
         if not isinstance(exc, Exception):
             exc = TypeError("pacing failed: %r" % (exc,))
         if item._attempt > 1:
-            self._settle_started(item, exc, "failed")
+            self._settle_started(item, exc, C_FAILED)
         else:
-            self._finish(item, exc, "failed")
+            self._finish(item, exc, C_FAILED)
             self._maybe_drained()
         return True
 
@@ -75,16 +77,16 @@ class _Outcomes(_Deadlines):
             if q.reserved:
                 self._limiter.release(q)
             if item._attempt == 1:
-                self._finish(item, Cancelled("the dispatcher was force-closed"), "cancelled")
+                self._finish(item, Cancelled("the dispatcher was force-closed"), C_CANCELLED)
                 self._maybe_drained()
             else:
                 self._settle_started(item, Cancelled("the dispatcher was force-closed"),
-                                     "cancelled")
+                                     C_CANCELLED)
             return _DONE
         if item._attempt == 1 and future is not None and not _future_start(future):
             if q.reserved:
                 self._limiter.release(q)
-            self._finish(item, Cancelled("cancelled before it started"), "cancelled")
+            self._finish(item, Cancelled("cancelled before it started"), C_CANCELLED)
             return _DONE
         if not self._begin(item, q):
             return _DONE
@@ -121,7 +123,7 @@ class _Outcomes(_Deadlines):
         if not self._register(item):
             # force_close() ran since this task left its queue: it never starts.
             self._settle_started(item, Cancelled("the dispatcher was force-closed"),
-                                 "cancelled")
+                                 C_CANCELLED)
             return False
         return True
 
@@ -141,22 +143,28 @@ class _Outcomes(_Deadlines):
         if self._unregister(item):
             if cancelled:
                 self._resolve(item, None, Cancelled("the coroutine task was cancelled"),
-                              "cancelled")
+                              C_CANCELLED)
             elif panic is not None:
                 discarded = TaskDiscarded("the task panicked: %s" % (_safe_repr(panic),))
                 discarded.__cause__ = panic
-                self._resolve(item, None, discarded, "failed")
+                self._resolve(item, None, discarded, C_FAILED)
             elif error is not None:
-                verdict, error = self._retry_later(item, q, error)
+                verdict = self._retry_later(item, q, error)
                 if verdict == _RETRYING:
                     return _RETRYING
                 if verdict == _FORCED:
                     self._resolve(item, None, Cancelled("the dispatcher was force-closed"),
-                                  "cancelled")
+                                  C_CANCELLED)
+                elif verdict == _REFUSED:
+                    # The retry decision itself failed (a hostile RetryAfter
+                    # or retry_on class): the task fails with that error.
+                    error = item._error
+                    item._error = None
+                    self._resolve(item, None, error, C_FAILED)
                 else:
-                    self._resolve(item, None, error, "failed")
+                    self._resolve(item, None, error, C_FAILED)
             else:
-                self._resolve(item, result, None, "completed")
+                self._resolve(item, result, None, C_COMPLETED)
         else:
             # Timed out or force-closed meanwhile: its outcome is settled;
             # report it now that it has returned, from this thread.
@@ -176,9 +184,10 @@ class _Outcomes(_Deadlines):
 
     def _retry_later(self, item, q, error):
         # A RetryAfter, or a retry_on error, runs the same task again ahead
-        # of every later task of its chat.  Return (_RETRYING, error),
-        # (_DONE, the error the task fails with) when it is not retried, or
-        # (_FORCED, error) when force_close() came first.
+        # of every later task of its chat.  Return _RETRYING, _DONE when it
+        # is not retried (it fails with ``error``), _FORCED when
+        # force_close() came first, or _REFUSED when deciding failed (the
+        # error to fail with is then in item._error).
         try:
             plan = _retry_plan(error, item._attempt, self._retry)
         except BaseException as exc:
@@ -187,20 +196,21 @@ class _Outcomes(_Deadlines):
             if not isinstance(exc, Exception):
                 exc = TypeError("retry decision failed: %s" % (_safe_repr(exc),))
             exc.__cause__ = error
-            return _DONE, exc
+            item._error = exc
+            return _REFUSED
         if plan is None:
-            return _DONE, error
+            return _DONE
         delay, is_global, refused = plan
         attempt = item._attempt
         if attempt >= self._max_attempts:
-            return _DONE, error
+            return _DONE
         until = monotonic() + delay
         with q.lock:
             # Checked under the queue's lock: force_close() clears the
             # queues under it after setting _forced, so either it sees this
             # retry item or we see _forced.
             if self._forced:
-                return _FORCED, error
+                return _FORCED
             item._attempt = attempt + 1
             item._deadline = None
             q.retry_item = item
@@ -212,7 +222,7 @@ class _Outcomes(_Deadlines):
                 self._on_retry(item.chat_id, attempt, delay, error)
             except BaseException as exc:
                 self._hook_failed("on_retry", exc)
-        return _RETRYING, error
+        return _RETRYING
 
     def _settle_started(self, item, error, outcome):
         # Resolve a task whose Future is already RUNNING but that will not
@@ -233,7 +243,7 @@ class _Outcomes(_Deadlines):
             _on_loop(item._loop, _aio_set, future, result, error)
         elif future is not None:
             _future_finish(future, result, error)
-        elif error is not None and outcome == "failed" and self._on_done is None:
+        elif error is not None and outcome == C_FAILED and self._on_done is None:
             self._log_unobserved(item, error)
         if self._on_done is not None:
             self._report(item, error, monotonic() - item._t_start)
@@ -245,11 +255,11 @@ class _Outcomes(_Deadlines):
             # gets the error on its loop (a Cancelled too: an exception, not
             # a cancellation of the caller's own await).
             if item._future.cancelled():
-                outcome = "cancelled"
+                outcome = C_CANCELLED
             else:
                 _on_loop(item._loop, _aio_set, item._future, None, error)
         elif not _settle(item._future, error):
-            outcome = "cancelled"
+            outcome = C_CANCELLED
         self._count(outcome)
         if self._on_done is not None:
             self._report(item, error, 0.0)
@@ -280,7 +290,7 @@ class _Outcomes(_Deadlines):
         for item in waiting:
             error = TaskDiscarded("a previous task of chat %s panicked" % (chat,))
             error.__cause__ = exc
-            self._finish(item, error, "discarded")
+            self._finish(item, error, C_DISCARDED)
         if q.woken is not None:
             self._wake_admitted(q)
         logger.error("task of chat %s panicked; %d waiting task(s) discarded",
