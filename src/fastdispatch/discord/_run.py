@@ -15,6 +15,7 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
+from .._drain import drain_engine
 from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
 from ._intake import interactions_app
 
@@ -79,7 +80,6 @@ def run_interactions(engine: Any, sender: Any, *, public_key: str, port: int,
     logging is configured) and ``on_shutdown(report)`` gets the
     ``ShutdownReport``.
     """
-    from ..telegram._run import drain_engine  # the engine's drain, whatever the platform
     if not isinstance(url_path, str) or not url_path.startswith("/"):
         raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
     if health_port is None and url_path in (health_path, metrics_path):
@@ -108,7 +108,8 @@ def run_interactions(engine: Any, sender: Any, *, public_key: str, port: int,
         state["running"] = False
         error = None if server.alive else "the web server stopped"
         app.close()
-        report = drain_engine(engine, drain_timeout, force=stopper.force, error=error)
+        report = drain_engine(engine, drain_timeout, force=stopper.force, error=error,
+                              log=_log)
     finally:
         state["running"] = False
         stopper.restore()

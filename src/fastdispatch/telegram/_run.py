@@ -1,5 +1,6 @@
 """Running a bot as a service: :func:`run_polling`, :func:`run_webhook` and
-:func:`drain_engine`.
+:func:`drain_engine` (which lives in ``fastdispatch._drain``, shared with the
+intakes and the other platforms' runners).
 
 Every deploy stops the bot's process, so stopping is part of running.  Both
 helpers block until SIGTERM or SIGINT (or until ``stop``, a
@@ -39,8 +40,9 @@ import logging
 import secrets
 import threading
 from time import monotonic
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, List, Optional
 
+from .._drain import ShutdownReport, check_drain_timeout, drain_engine
 from .._http import scrub_secrets
 from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
 from ._intake import DEFAULT_MAX_PENDING, TelegramPoller, WebhookApp, webhook_app
@@ -53,114 +55,6 @@ _log = logging.getLogger("fastdispatch.telegram")
 
 def _Stopper(stop, handle_signals):
     return Stopper(stop, handle_signals, _log)
-
-
-class ShutdownReport(NamedTuple):
-    """What a shutdown left behind (logged as one line; :attr:`exit_code`).
-
-    - ``handled``: updates the intake gave to the engine;
-    - ``sent``, ``failed``: replies sent, and failed for good (platform
-      errors, retries used up, timeouts), over the dispatcher's life;
-    - ``dropped``: replies still queued or running at the deadline,
-      cancelled (never sent);
-    - ``lost``: replies refused (``QueueFull``) for updates that were
-      answered all the same (they had other replies queued);
-    - ``unconfirmed``: polling only: updates left unconfirmed because their
-      replies were dropped; Telegram delivers them again to the next process;
-    - ``seconds``: how long the drain took; ``error``: why the intake
-      stopped by itself (e.g. 409 Conflict), or None.
-    """
-
-    handled: int
-    sent: int
-    failed: int
-    dropped: int
-    lost: int
-    unconfirmed: int
-    seconds: float
-    error: Optional[str]
-
-    @property
-    def exit_code(self) -> int:
-        """0: every reply went out (or failed for good); 1: some were
-        dropped or lost; 2: the intake failed."""
-        if self.error is not None:
-            return 2
-        return 1 if self.dropped or self.lost else 0
-
-
-def _intake_counts(intake):
-    if isinstance(intake, WebhookApp):
-        with intake._lock:
-            return intake.stats["handled"], intake.stats["lost_replies"]
-    if isinstance(intake, TelegramPoller):
-        return intake.handled, intake.lost_replies
-    return 0, 0
-
-
-def _dispatcher_counts(dispatcher):
-    stats = getattr(dispatcher, "stats", None)
-    if not callable(stats):
-        return None
-    s = stats()
-    ended = s.completed + s.failed + s.discarded + s.cancelled + s.timed_out
-    return s.completed, s.failed + s.timed_out + s.discarded, s.submitted - ended
-
-
-def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = None,
-                 on_deadline: Optional[Callable[[], Any]] = None,
-                 force: Optional[threading.Event] = None,
-                 error: Optional[str] = None) -> ShutdownReport:
-    """Shut ``engine`` down, giving its queued replies ``timeout`` seconds
-    (None: as long as they take); then cancel what is left, log one line
-    with the counts and return the :class:`ShutdownReport`.
-
-    ``intake``: the :class:`WebhookApp` or :class:`TelegramPoller` whose
-    counts go into the report (stop it first).  ``on_deadline``: called
-    when the deadline passed, before anything is cancelled (the poller's
-    ``freeze``).  ``force``: an Event that, once set, ends the wait early.
-    """
-    timeout = _check_drain_timeout(timeout)
-    dispatcher = getattr(engine, "dispatcher", None)
-    started = monotonic()
-    if force is None:
-        finished = bool(engine.shutdown(timeout))
-    else:
-        result: List[bool] = []
-        helper = threading.Thread(target=lambda: result.append(bool(engine.shutdown(timeout))),
-                                  name="fastdispatch-drain", daemon=True)
-        helper.start()
-        while helper.is_alive() and not force.wait(0.05):
-            pass
-        helper.join(0 if force.is_set() else None)
-        finished = bool(result and result[0])
-    seconds = monotonic() - started
-    dropped = 0
-    if not finished:
-        counts = _dispatcher_counts(dispatcher)
-        # Without stats() the number is unknown; at least one was left.
-        dropped = counts[2] if counts is not None else 1
-        if on_deadline is not None:
-            on_deadline()
-        force_close = getattr(dispatcher, "force_close", None)
-        if callable(force_close):
-            force_close()
-    counts = _dispatcher_counts(dispatcher)
-    sent, failed = (counts[0], counts[1]) if counts is not None else (0, 0)
-    handled, lost = _intake_counts(intake)
-    unconfirmed = intake.pending if isinstance(intake, TelegramPoller) else 0
-    report = ShutdownReport(handled, sent, failed, dropped, lost, unconfirmed, seconds, error)
-    deadline = "no deadline" if timeout is None else "the %.1f s deadline" % timeout
-    line = ("shutdown: %sreplies: %d sent, %d failed, %d dropped at %s, "
-            "%d refused and lost%s; drained in %.1f s -> exit %d" % (
-                "" if intake is None else "%d updates handled; " % report.handled,
-                report.sent, report.failed, report.dropped, deadline,
-                report.lost, "; %d updates left to Telegram to deliver again" % unconfirmed
-                if unconfirmed else "", seconds, report.exit_code))
-    if error is not None:
-        line += " (%s)" % error
-    (_log.info if report.exit_code == 0 else _log.error)(line)
-    return report
 
 
 # -- health and metrics --------------------------------------------------------------
@@ -239,16 +133,6 @@ def _call_bot_api(sender, method, params):
         raise
 
 
-def _check_drain_timeout(drain_timeout):
-    if drain_timeout is None:
-        return None
-    if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, (int, float)) or \
-            not 0 <= drain_timeout <= 86400:
-        raise ValueError("drain_timeout must be None or seconds in [0, 86400], got %r"
-                         % (drain_timeout,))
-    return float(drain_timeout)
-
-
 def _check_parts(engine, sender):
     if not isinstance(sender, TelegramSender):
         raise TypeError("sender must be a TelegramSender")
@@ -308,7 +192,7 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     (a crash loses none of them: the next run sends them).
     """
     _check_parts(engine, sender)
-    drain_timeout = _check_drain_timeout(drain_timeout)
+    drain_timeout = check_drain_timeout(drain_timeout)
     if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
         from ..outbox._telegram import durable_sender
         sender = durable_sender(outbox, sender)
@@ -394,7 +278,7 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     them).
     """
     _check_parts(engine, sender)
-    drain_timeout = _check_drain_timeout(drain_timeout)
+    drain_timeout = check_drain_timeout(drain_timeout)
     if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
         from ..outbox._telegram import durable_sender
         sender = durable_sender(outbox, sender)
