@@ -163,6 +163,62 @@ def service_app(state: dict, intake: Callable, url_path: Optional[str],
     return app
 
 
+def _cheroot_classes(cheroot_server, wsgi, request_timeout, outer):
+    """cheroot's connection and server classes with this module's limits:
+    a deadline per request (counted in ``outer.cut`` when it fires), the
+    writer closed with the connection, and a new connection kept in the
+    selector until it is readable.  Made at the call, because cheroot is
+    imported only when a server is made (the ``webhook`` extra)."""
+
+    class _DeadlineConnection(cheroot_server.HTTPConnection):
+        def communicate(self):
+            call = _http._watchdog.arm(time.monotonic() + request_timeout)
+            _http._watchdog.attach(call, _Cuttable(self.socket))
+            _current.call = call
+            try:
+                return super().communicate()
+            finally:
+                if getattr(_current, "call", None) is call:  # the app never ran
+                    _current.call = None
+                    _http._watchdog.disarm(call)
+                    if call.fired:
+                        outer.cut += 1
+
+        def close(self):
+            # cheroot closes the socket but not the buffered writer: an
+            # answer that could not be sent (the client gone, the
+            # connection cut at its deadline) stayed in its buffer, and
+            # the writer's finalizer flushed it into the closed socket
+            # later, raising in whatever thread collected it.  Close it
+            # here; what cannot be sent is dropped with the connection.
+            wfile = getattr(self, "wfile", None)
+            if wfile is not None:
+                try:
+                    wfile.close()
+                except OSError:
+                    pass
+            super().close()
+
+    class _ReadableFirst(wsgi.Server):
+        def process_conn(self, conn):
+            # On cheroot's accepting thread.  A new connection waits in
+            # the selector until it sends something (idle ones are
+            # closed after `timeout` there), not on a request thread.
+            if not getattr(conn, "fastdispatch_readable", False):
+                conn.fastdispatch_readable = True
+                self._connections.put(conn)
+                return
+            try:
+                self.requests.put(conn)
+            except queue.Full:
+                # Every thread busy and the queue full: 503 and close it
+                # now (cheroot's own 503 leaves the socket open until its
+                # file objects are collected: the client goes on sending).
+                _refuse(conn)
+
+    return _DeadlineConnection, _ReadableFirst
+
+
 class Server:
     """cheroot serving a WSGI ``app`` on a thread of its own, with the
     limits of the module docstring.  ``.port`` is the bound port; ``.cut``
@@ -184,61 +240,15 @@ class Server:
             raise ValueError("threads must be an int in [1, 1024], got %r" % (threads,))
         request_timeout, max_header_bytes = check_limits(request_timeout, max_header_bytes)
         self.cut = 0  # written by request threads; a count for tests and metrics
-        outer = self
-
-        class _DeadlineConnection(cheroot_server.HTTPConnection):
-            def communicate(self):
-                call = _http._watchdog.arm(time.monotonic() + request_timeout)
-                _http._watchdog.attach(call, _Cuttable(self.socket))
-                _current.call = call
-                try:
-                    return super().communicate()
-                finally:
-                    if getattr(_current, "call", None) is call:  # the app never ran
-                        _current.call = None
-                        _http._watchdog.disarm(call)
-                        if call.fired:
-                            outer.cut += 1
-
-            def close(self):
-                # cheroot closes the socket but not the buffered writer: an
-                # answer that could not be sent (the client gone, the
-                # connection cut at its deadline) stayed in its buffer, and
-                # the writer's finalizer flushed it into the closed socket
-                # later, raising in whatever thread collected it.  Close it
-                # here; what cannot be sent is dropped with the connection.
-                wfile = getattr(self, "wfile", None)
-                if wfile is not None:
-                    try:
-                        wfile.close()
-                    except OSError:
-                        pass
-                super().close()
-
-        class _ReadableFirst(wsgi.Server):
-            def process_conn(self, conn):
-                # On cheroot's accepting thread.  A new connection waits in
-                # the selector until it sends something (idle ones are
-                # closed after `timeout` there), not on a request thread.
-                if not getattr(conn, "fastdispatch_readable", False):
-                    conn.fastdispatch_readable = True
-                    self._connections.put(conn)
-                    return
-                try:
-                    self.requests.put(conn)
-                except queue.Full:
-                    # Every thread busy and the queue full: 503 and close it
-                    # now (cheroot's own 503 leaves the socket open until its
-                    # file objects are collected: the client goes on sending).
-                    _refuse(conn)
-
-        server = _ReadableFirst((listen, port), _BodyFirst(app, max_body, self),
-                                numthreads=threads, max=threads, server_name="fastdispatch",
-                                timeout=max(1, int(request_timeout)),
-                                accepted_queue_size=max(threads, MAX_WAITING),
-                                accepted_queue_timeout=0,
-                                request_queue_size=128)
-        server.ConnectionClass = _DeadlineConnection
+        connection_class, server_class = _cheroot_classes(cheroot_server, wsgi, request_timeout,
+                                                          self)
+        server = server_class((listen, port), _BodyFirst(app, max_body, self),
+                              numthreads=threads, max=threads, server_name="fastdispatch",
+                              timeout=max(1, int(request_timeout)),
+                              accepted_queue_size=max(threads, MAX_WAITING),
+                              accepted_queue_timeout=0,
+                              request_queue_size=128)
+        server.ConnectionClass = connection_class
         server.max_request_header_size = max_header_bytes
         server.max_request_body_size = max_body
         server.keep_alive_conn_limit = threads
