@@ -17,7 +17,7 @@ import threading
 from time import monotonic
 from typing import Any, Callable, List, NamedTuple, Optional
 
-__all__ = ["drain_engine", "ShutdownReport", "check_drain_timeout"]
+__all__ = ["drain_engine", "ShutdownReport", "check_drain_timeout", "exit_status"]
 
 # The report line's logger: drain_engine is fastdispatch.telegram's API,
 # where it began; the Discord runner passes its own.
@@ -145,3 +145,11 @@ def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = 
     log = _log if log is None else log
     (log.info if report.exit_code == 0 else log.error)(line)
     return report
+
+
+def exit_status(report: ShutdownReport,
+                on_shutdown: Optional[Callable[[ShutdownReport], Any]]) -> int:
+    """A runner's last step: ``on_shutdown(report)`` if given; the exit status."""
+    if on_shutdown is not None:
+        on_shutdown(report)
+    return report.exit_code

@@ -42,19 +42,15 @@ import threading
 from time import monotonic
 from typing import Any, Callable, List, Optional
 
-from .._drain import ShutdownReport, check_drain_timeout, drain_engine
+from .._drain import ShutdownReport, check_drain_timeout, drain_engine, exit_status
 from .._http import scrub_secrets
-from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
+from .._serve import Run, check_url_path
 from ._intake import DEFAULT_MAX_PENDING, TelegramPoller, WebhookApp, webhook_app
 from ._sender import TelegramSender
 
 __all__ = ["run_polling", "run_webhook", "drain_engine", "ShutdownReport"]
 
 _log = logging.getLogger("fastdispatch.telegram")
-
-
-def _Stopper(stop, handle_signals):
-    return Stopper(stop, handle_signals, _log)
 
 
 # -- health and metrics --------------------------------------------------------------
@@ -110,10 +106,9 @@ def _metrics_text(state, intake, dispatcher):
     return ("\n".join(lines) + "\n").encode()
 
 
-def _service_app(state, intake, dispatcher, url_path=None, health_path="/healthz",
-                 metrics_path="/metrics", metrics=None):
-    """The WSGI app the helpers serve: the webhook at ``url_path``, health
-    and metrics beside it, 404 elsewhere."""
+def _metrics_source(state, intake, dispatcher, metrics=None):
+    """What ``/metrics`` serves: the counts of ``intake`` and ``dispatcher``,
+    and the text of ``metrics`` (a prometheus_client registry) after them."""
 
     def metrics_text():
         body = _metrics_text(state, intake, dispatcher)
@@ -122,7 +117,7 @@ def _service_app(state, intake, dispatcher, url_path=None, health_path="/healthz
             body += generate_latest(metrics)
         return body
 
-    return service_app(state, intake, url_path, health_path, metrics_path, metrics_text)
+    return metrics_text
 
 
 def _call_bot_api(sender, method, params):
@@ -140,19 +135,32 @@ def _check_parts(engine, sender):
         raise TypeError("engine must have a process_event(event, sender, capabilities) method")
 
 
-def _wind_up(state, stopper, servers, newcomer):
-    state["running"] = False
-    stopper.restore()
-    for server in servers:
-        if server is not None:
-            server.stop()
-    newcomer.restore()
+def _stored_first(outbox, sender):
+    """``sender``, or with an ``outbox`` one that stores each reply in it
+    first (``fastdispatch.outbox._telegram``)."""
+    if outbox is None:
+        return sender
+    from ..outbox._telegram import durable_sender
+    return durable_sender(outbox, sender)
 
 
-def _reported(report, on_shutdown):
-    if on_shutdown is not None:
-        on_shutdown(report)
-    return report.exit_code
+def _set_webhook(sender, webhook_url, secret_token, drop_pending_updates, allowed_updates,
+                 max_connections):
+    params = {"url": webhook_url, "secret_token": secret_token,
+              "drop_pending_updates": bool(drop_pending_updates)}
+    if allowed_updates is not None:
+        params["allowed_updates"] = list(allowed_updates)
+    if max_connections is not None:
+        params["max_connections"] = max_connections
+    _call_bot_api(sender, "setWebhook", params)
+
+
+def _delete_webhook(sender, drop_pending_updates):
+    try:
+        _call_bot_api(sender, "deleteWebhook",
+                      {"drop_pending_updates": bool(drop_pending_updates)})
+    except Exception:
+        pass  # logged; polling meets the 409 if a webhook is really still set
 
 
 # -- the helpers -----------------------------------------------------------------
@@ -193,42 +201,28 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     """
     _check_parts(engine, sender)
     drain_timeout = check_drain_timeout(drain_timeout)
-    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
-        from ..outbox._telegram import durable_sender
-        sender = durable_sender(outbox, sender)
+    sender = _stored_first(outbox, sender)
     poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
                             allowed_updates=allowed_updates, on_conflict=on_conflict,
                             max_pending=max_pending)
-    newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
-    stopper = _Stopper(stop, handle_signals)
-    state = {"running": True, "mode": "polling"}
-    server = None
-    try:
+    with Run("polling", stop, handle_signals, _log) as run:
         if health_port is not None:
-            server = health_server(_service_app(state, poller, engine.dispatcher,
-                                                metrics=metrics),
-                                   health_listen, health_port, request_timeout, _log)
+            run.serve_health(_metrics_source(run.state, poller, engine.dispatcher, metrics),
+                             health_listen, health_port, request_timeout)
         if delete_webhook or drop_pending_updates:
-            try:
-                _call_bot_api(sender, "deleteWebhook",
-                              {"drop_pending_updates": bool(drop_pending_updates)})
-            except Exception:
-                pass  # the poller meets the 409 if a webhook is really still set
+            _delete_webhook(sender, drop_pending_updates)
         poller.start()
         _log.info("polling for updates (SIGTERM or SIGINT to stop)")
-        stopper.wait(lambda: poller.running)
-        state["running"] = False
+        run.wait(lambda: poller.running)
         started = monotonic()
         poller.stop(drain_timeout)  # the update in hand finishes first
         if drain_timeout is not None:
             drain_timeout = max(0.0, drain_timeout - (monotonic() - started))
         error = None if poller.error is None else str(poller.error)
         report = drain_engine(engine, drain_timeout, intake=poller, on_deadline=poller.freeze,
-                              force=stopper.force, error=error)
+                              force=run.stopper.force, error=error)
         poller.confirm()
-    finally:
-        _wind_up(state, stopper, (server,), newcomer)
-    return _reported(report, on_shutdown)
+    return exit_status(report, on_shutdown)
 
 
 def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1",
@@ -279,55 +273,26 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     """
     _check_parts(engine, sender)
     drain_timeout = check_drain_timeout(drain_timeout)
-    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
-        from ..outbox._telegram import durable_sender
-        sender = durable_sender(outbox, sender)
-    if not isinstance(url_path, str) or not url_path.startswith("/"):
-        raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
-    if health_port is None and url_path in (health_path, metrics_path):
-        raise ValueError("url_path must differ from health_path and metrics_path")
+    check_url_path(url_path, health_port, health_path, metrics_path)
+    sender = _stored_first(outbox, sender)
     if secret_token is None and webhook_url is not None:
         secret_token = secrets.token_urlsafe(32)  # only [A-Za-z0-9_-]: what Telegram takes
-    newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
     app = webhook_app(engine, sender, secret_token, max_body=max_body, remember=remember,
                       remember_seconds=remember_seconds, max_pending=max_pending)
-    stopper = _Stopper(stop, handle_signals)
-    state = {"running": True, "mode": "webhook"}
-    server = health = None
-    try:
-        beside = (None, None) if health_port is not None else (health_path, metrics_path)
-        server = Server(_service_app(state, app, engine.dispatcher, url_path, *beside,
-                                     metrics=metrics),
-                        listen, port, threads, max_body=max_body,
-                        request_timeout=request_timeout, max_header_bytes=max_header_bytes,
-                        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
-                        name="fastdispatch-webhook-server")
-        if health_port is not None:
-            health = health_server(_service_app(state, app, engine.dispatcher, None,
-                                                health_path, metrics_path, metrics),
-                                   health_listen, health_port, request_timeout, _log,
-                                   "%s and %s" % (health_path, metrics_path))
+    with Run("webhook", stop, handle_signals, _log) as run:
+        server = run.serve(app, _metrics_source(run.state, app, engine.dispatcher, metrics),
+                           listen, port, threads, url_path=url_path, health_path=health_path,
+                           metrics_path=metrics_path, health_port=health_port,
+                           health_listen=health_listen, request_timeout=request_timeout,
+                           max_body=max_body, max_header_bytes=max_header_bytes,
+                           ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                           name="fastdispatch-webhook-server")
         if webhook_url is not None:
-            params = {"url": webhook_url, "secret_token": secret_token,
-                      "drop_pending_updates": bool(drop_pending_updates)}
-            if allowed_updates is not None:
-                params["allowed_updates"] = list(allowed_updates)
-            if max_connections is not None:
-                params["max_connections"] = max_connections
-            _call_bot_api(sender, "setWebhook", params)
+            _set_webhook(sender, webhook_url, secret_token, drop_pending_updates,
+                         allowed_updates, max_connections)
         _log.info("webhook on http://%s:%d%s (SIGTERM or SIGINT to stop)", listen, server.port,
                   scrub_secrets(url_path))  # a path may be made of the token
-        stopper.wait(lambda: server.alive)
-        state["running"] = False
-        error = None if server.alive else "the web server stopped"
-        app.close()
-        report = drain_engine(engine, drain_timeout, intake=app, force=stopper.force,
-                              error=error)
+        report = run.drain_web(engine, server, app, drain_timeout, intake=app)
         if delete_webhook_on_exit:
-            try:
-                _call_bot_api(sender, "deleteWebhook", {"drop_pending_updates": False})
-            except Exception:
-                pass
-    finally:
-        _wind_up(state, stopper, (server, health), newcomer)
-    return _reported(report, on_shutdown)
+            _delete_webhook(sender, False)
+    return exit_status(report, on_shutdown)
