@@ -19,15 +19,7 @@ import pytest
 from fastdispatch import (Cancelled, DispatcherClosed, DispatcherHooks, Pacing, QueueFull,
                           RateLimit, RetryAfter, RetryPolicy, SendTimeout, TaskDiscarded)
 
-
-def max_in_window(times, per):
-    times = sorted(times)
-    best = j = 0
-    for i, t in enumerate(times):
-        while times[j] + per <= t:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
+from helpers import max_in_window
 
 
 class LoopThread:

@@ -24,6 +24,8 @@ from fastdispatch.discord import (
     interaction_to_event, interactions_app)
 from fastdispatch.testing import FakeDiscordServer, discord_limits
 
+from helpers import wait_until
+
 # The shape of a real bot token: base64(user id) . timestamp . HMAC
 TOKEN = "MTEwMDAwMDAwMDAwMDAwMDAwMQ.GhIjKl.SECRET-part_of-the-token-value"
 SECRET_PART = "SECRET-part_of-the-token-value"
@@ -224,13 +226,6 @@ def echo_bot(make_dispatcher, server, sender):
     httpd.server_close()
 
 
-def _wait_for(predicate, timeout=60.0):   # a bound on a hang, not a speed test
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_echo_bot_over_interactions(server, echo_bot, caplog):
     caplog.set_level(logging.DEBUG)
     app, url = echo_bot
@@ -243,7 +238,7 @@ def test_echo_bot_over_interactions(server, echo_bot, caplog):
         tokens.append(interaction["token"])
         status, answer = server.post_interaction(url, interaction)
         assert (status, answer) == (200, {"type": 5})  # deferred: acknowledged at once
-    _wait_for(lambda: len(server.messages("77")) == 5)
+    wait_until(lambda: len(server.messages("77")) == 5)
     # the follow-up URLs hold the interaction tokens: urllib3's debug log does not
     assert "/webhooks/" in caplog.text and not any(t in caplog.text for t in tokens)
     # Each interaction is its own event, acknowledged at once and handled
@@ -276,7 +271,7 @@ def test_signature_checks(server, echo_bot):
     assert app.stats["bad_signature"] == 5 and app.stats["handled"] == 0
     # and the genuine one goes through
     assert server.post_interaction(url, body, sign=False, headers=headers) == (200, {"type": 5})
-    _wait_for(lambda: server.messages("78"))
+    wait_until(lambda: server.messages("78"))
     assert server.messages("78")[0].content == "echo: /echo x"
 
 
@@ -301,7 +296,7 @@ def test_acknowledged_before_the_handler_runs(make_dispatcher, server, sender):
         assert server.post_interaction(url, server.make_interaction("79", "slow")) == (
             200, {"type": 5})
         acked.set()
-        _wait_for(lambda: server.messages("79"))
+        wait_until(lambda: server.messages("79"))
         assert ran == [True] and server.messages("79")[0].kind == "followup"
     finally:
         httpd.shutdown()
@@ -482,7 +477,7 @@ def test_an_engine_that_raises_never_reaches_the_server(server, sender, caplog):
         for _ in range(2):  # and the server goes on answering
             assert server.post_interaction(url, server.make_interaction("81", "x")) == (
                 200, {"type": 5})
-        _wait_for(lambda: caplog.text.count("engine bug") >= 2)
+        wait_until(lambda: caplog.text.count("engine bug") >= 2)
     finally:
         httpd.shutdown()
         httpd.server_close()

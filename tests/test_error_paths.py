@@ -31,18 +31,11 @@ from fastdispatch import (
     TaskDiscarded,
 )
 
+from helpers import wait_until
+
 
 class Panic(BaseException):
     """A custom BaseException, the way a library's "abort" signal might look."""
-
-
-def _wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _blocker(d, chat, cooperative=False):
@@ -116,7 +109,7 @@ def test_the_largest_accepted_timeouts_keep_every_thread_alive(make_dispatcher):
     d = make_dispatcher(idle_timeout=threading.TIMEOUT_MAX,
                         send_timeout=threading.TIMEOUT_MAX, max_inflight=1)
     assert d.submit("a", lambda sc: sc.remaining() > 0).result(5) is True
-    assert _wait_until(lambda: d.inflight == 0 and d.active_chats == 0)
+    assert wait_until(lambda: d.inflight == 0 and d.active_chats == 0)
     time.sleep(0.2)             # the only worker is now idle, waiting TIMEOUT_MAX
     assert d.submit("b", lambda sc: "served").result(5) == "served"
     assert d.drain(threading.TIMEOUT_MAX)
@@ -271,7 +264,7 @@ def test_each_worker_removes_its_own_queue_next_to_an_equal_plain_key(make_dispa
     gate, one = _blocker(d, 1)
     shy = d.submit(ShyOne(), lambda sc: "shy")
     assert shy.result(5) == "shy"
-    assert _wait_until(lambda: d.active_chats == 1)
+    assert wait_until(lambda: d.active_chats == 1)
     # Chat 1's queue must still be in the map: its next task waits for the
     # running one instead of getting a queue (and a worker) of its own.
     started = threading.Event()
@@ -547,14 +540,14 @@ def test_the_deadline_thread_ends_when_idle_and_comes_back_with_work(make_dispat
                 and t is d._timer_thread]
 
     assert d.submit("a", lambda sc: "a").result(5) == "a"
-    assert _wait_until(lambda: not deadline_threads() or not d._timer_thread.is_alive())
+    assert wait_until(lambda: not deadline_threads() or not d._timer_thread.is_alive())
     for _ in range(2):
         slow = d.submit("b", lambda sc: time.sleep(1.5))
         with pytest.raises(SendTimeout):
             slow.result(5)
         assert d.drain(5)
         # idle for idle_timeout: the deadline thread ends
-        assert _wait_until(lambda: not d._timer_thread.is_alive())
+        assert wait_until(lambda: not d._timer_thread.is_alive())
     assert d.stats().timed_out == 2 and _accounted(d)
 
 
@@ -634,7 +627,7 @@ def test_a_task_submitted_as_the_panicked_task_resolves_runs(make_dispatcher):
     gate.set()
     with pytest.raises(TaskDiscarded):
         fut.result(5)
-    assert _wait_until(lambda: after)
+    assert wait_until(lambda: after)
     assert after[0].result(5) == "next"
     assert d.drain(5) and _accounted(d)
 

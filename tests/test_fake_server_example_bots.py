@@ -17,12 +17,13 @@ hook records what would be) and no error answer from the server.
 import asyncio
 import sys
 import threading
-import time
 
 import pytest
 
 from fastdispatch import Pacing, RateLimit, RetryPolicy
 from fastdispatch.testing import FakeTelegramServer
+
+from helpers import wait_until
 
 TOKEN = "7012345678:AAF-fake_token_for_the_examples_0123"
 CHAT = 4242
@@ -37,14 +38,6 @@ LIBRARIES = {"python-telegram-bot": ("telegram", (3, 10)), "aiogram": ("aiogram"
              "pyTelegramBotAPI": ("telebot", (3, 11))}
 
 
-def wait_for(condition, what, timeout=30.0):
-    deadline = time.monotonic() + timeout  # a bound on a hang, not a speed
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("the bot did not answer: %s" % what)
-        time.sleep(0.005)
-
-
 def user_session(server):
     """What a user does, one step at a time, each after the bot's answer."""
     record = lambda: server.messages(CHAT)  # noqa: E731
@@ -52,15 +45,16 @@ def user_session(server):
     def say(text, answers):
         before = len(record())
         server.push_message(CHAT, text)
-        wait_for(lambda: len(record()) >= before + answers, "%r: %d answers" % (text, answers))
+        wait_until(lambda: len(record()) >= before + answers,
+                   what="%r: %d answers" % (text, answers))
 
     say("/start", 1)
     keyboard = record()[0]
     pressed = server.push_callback_query(CHAT, keyboard.message_id, "A")
-    wait_for(lambda: server.answer_to(pressed) is not None and server.edits,
-             "the button's answer and edit")
+    wait_until(lambda: server.answer_to(pressed) is not None and server.edits,
+               what="the button's answer and edit")
     asked = server.push_inline_query("hello")
-    wait_for(lambda: server.answer_to(asked) is not None, "the inline query's answer")
+    wait_until(lambda: server.answer_to(asked) is not None, what="the inline query's answer")
     say("/album", 3)
     say("/timer", 2)
     say("/survey", 1)

@@ -39,6 +39,8 @@ import pytest
 from fastdispatch import DispatcherHooks, Pacing, RateLimit, RetryAfter, RetryPolicy
 from fastdispatch.testing import FakeTelegramServer
 
+from helpers import wait_until
+
 TOKEN = "7012345678:AAF-fake_token_for_the_suite_0123456789"
 
 # name -> (module, the Pythons the test extra installs it on: [low, high))
@@ -61,15 +63,6 @@ def library(name):
         pytest.skip("%s is not installed on Python %d.%d by the test extra"
                     % (module, *sys.version_info[:2]))
     __import__(module)  # should be there: an ImportError fails the test
-
-
-def wait_until(predicate, timeout=30.0, what="the condition"):
-    """A guard against a hang, not a timed assertion: fail after a long time."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("%s did not happen within %g s" % (what, timeout))
-        time.sleep(0.01)
 
 
 def wait_for_all(count, target, stall=120.0, what="the work"):

@@ -13,6 +13,8 @@ import pytest
 
 from fastdispatch import DispatcherHooks, QueueFull
 
+from helpers import wait_until
+
 pytestmark = pytest.mark.stress
 
 
@@ -303,7 +305,7 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher, impl, mon
         if threading.current_thread() is hold["thread"]:
             hold["thread"] = None
             held.set()
-            assert _wait_until_true(lambda: d.active_chats == 0)   # queue removed
+            assert wait_until(lambda: d.active_chats == 0)   # queue removed
         return real_monotonic()
 
     monkeypatch.setattr(impl.room("intake"), "monotonic", monotonic)
@@ -335,12 +337,3 @@ def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher, impl, mon
     assert not overlapped, "two tasks of the same chat ran at the same time"
     assert d.drain(timeout=10)
     assert d.active_chats == 0
-
-
-def _wait_until_true(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True

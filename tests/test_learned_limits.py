@@ -27,14 +27,7 @@ from hypothesis import strategies as st
 
 from fastdispatch import Pacing, RateLimit
 
-
-def wait_until(predicate, timeout=60.0):   # a bound on a hang, not a speed test
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
+from helpers import wait_until
 
 
 class Log:

@@ -11,14 +11,7 @@ import pytest
 
 from fastdispatch import Cancelled, DispatcherClosed, SendTimeout
 
-
-def _wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+from helpers import wait_until
 
 
 def _our_threads():
@@ -30,7 +23,7 @@ def test_threads_are_created_on_demand_and_capped(make_dispatcher):
     assert d.stats().threads == 0
     gates = [threading.Event() for _ in range(6)]
     futs = [d.submit(i, lambda sc, g=g: g.wait(10)) for i, g in enumerate(gates)]
-    assert _wait_until(lambda: d.inflight == 3)
+    assert wait_until(lambda: d.inflight == 3)
     assert d.stats().threads == 3
     for g in gates:
         g.set()
@@ -45,7 +38,7 @@ def test_a_chat_waiting_for_a_worker_holds_no_thread(make_dispatcher):
     d.submit("busy", lambda sc: gate.wait(10))
     waiting = [d.submit("chat-%d" % i, lambda sc: threading.current_thread().name)
                for i in range(50)]
-    assert _wait_until(lambda: d.inflight == 1)
+    assert wait_until(lambda: d.inflight == 1)
     assert d.stats().threads == 1 and d.active_chats == 51
     gate.set()
     names = {f.result(10) for f in waiting}
@@ -56,12 +49,12 @@ def test_idle_workers_exit_after_idle_timeout(make_dispatcher):
     d = make_dispatcher(max_inflight=4, idle_timeout=0.2)
     gates = [threading.Event() for _ in range(4)]
     futs = [d.submit(i, lambda sc, g=g: g.wait(10)) for i, g in enumerate(gates)]
-    assert _wait_until(lambda: d.stats().threads == 4)
+    assert wait_until(lambda: d.stats().threads == 4)
     for g in gates:
         g.set()
     for f in futs:
         f.result(10)
-    assert _wait_until(lambda: d.stats().threads == 0, timeout=5)
+    assert wait_until(lambda: d.stats().threads == 0, timeout=5)
     # and new work brings a worker back
     assert d.submit("again", lambda sc: "ok").result(10) == "ok"
 

@@ -18,6 +18,8 @@ import pytest
 from fastdispatch import ChatInfo, Engine, SendRequest, TextMessage
 from fastdispatch._netnum import parse_int, parse_seconds
 
+from helpers import free_port, listening, wait_until
+
 TG_TOKEN = "123456:SECRET-edge_token_value"
 
 
@@ -308,33 +310,17 @@ def test_webhook_app_without_a_secret_is_an_explicit_choice_and_said_loudly(capl
 
 # -- the servers: huge, slow and many clients ------------------------------------------
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_listening(port, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError("nothing listens on %d" % port)
-
 
 def _run_on_thread(runner, sender, port_option, **kwargs):
     """``runner(Engine(), sender, **kwargs)`` on a thread, with a free port
     as ``port_option``, stopped by the returned Event: (port, stop, thread)."""
-    port, stop = _free_port(), threading.Event()
+    port, stop = free_port(), threading.Event()
     kwargs.update({port_option: port, "stop": stop, "handle_signals": False,
                    "drain_timeout": 1, "request_timeout": 1.0})
     thread = threading.Thread(target=runner, args=(Engine(), sender), kwargs=kwargs,
                               daemon=True)
     thread.start()
-    _wait_listening(port)
+    wait_until(lambda: listening(port), 20, "a listener on port %d" % port)
     return port, stop, thread
 
 
@@ -570,12 +556,12 @@ def test_a_replayed_signed_interaction_does_not_run_the_handler_again():
             ctx.reply_text("echo")
 
         sender = DiscordSender(token, base_url=fake.api_url)
-        port, stop = _free_port(), threading.Event()
+        port, stop = free_port(), threading.Event()
         thread = threading.Thread(target=run_interactions, args=(engine, sender), kwargs=dict(
             public_key=fake.public_key, port=port, stop=stop, handle_signals=False),
             daemon=True)
         thread.start()
-        _wait_listening(port)
+        wait_until(lambda: listening(port), 20, "a listener on port %d" % port)
         url = "http://127.0.0.1:%d/interactions" % port
         try:
             body = json.dumps(fake.make_interaction("77", "echo", text="hi")).encode()

@@ -29,24 +29,7 @@ from fastdispatch import (
     SendTimeout,
 )
 
-def max_in_window(times, per, tolerance=0.0):
-    """The largest number of ``times`` that fall within any ``per`` seconds."""
-    times = sorted(times)
-    best = j = 0
-    for i, t in enumerate(times):
-        while times[j] + (per - tolerance) <= t:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
-
-
-def wait_until(predicate, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
+from helpers import max_in_window, wait_until
 
 
 class Recorder:

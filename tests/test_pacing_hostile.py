@@ -26,16 +26,7 @@ from fastdispatch import (Cancelled, DispatcherHooks, Pacing, RateLimit, RetryAf
                           RetryPolicy, SendTimeout)
 from fastdispatch._errors import DispatcherError
 
-
-def max_in_window(times, per):
-    """The largest number of ``times`` within any window ``(t - per, t]``."""
-    times = sorted(times)
-    best = j = 0
-    for i, t in enumerate(times):
-        while times[j] + per <= t:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
+from helpers import max_in_window, wait_until
 
 
 # --------------------------------------------------- the timer never stalls
@@ -97,7 +88,7 @@ def test_the_longest_retry_after_allowed_leaves_the_timer_alive(make_dispatcher)
                         retry=RetryPolicy(max_retry_after=threading.TIMEOUT_MAX))
     parked = d.submit("parked", lambda sc: (_ for _ in ()).throw(
         RetryAfter(threading.TIMEOUT_MAX * 0.99)) if sc.attempt == 1 else "late")
-    assert _wait_until(lambda: d.stats().retried == 1)
+    assert wait_until(lambda: d.stats().retried == 1)
     slow = d.submit("slow", lambda sc: time.sleep(0.6))
     with pytest.raises(SendTimeout):
         slow.result(timeout=5)
@@ -261,7 +252,7 @@ def test_timer_tables_do_not_grow_with_every_distinct_period(make_dispatcher):
     for chat in range(2000):
         d.post(chat, lambda sc: None)
     assert d.drain(timeout=30)
-    assert _wait_until(lambda: d._pacing_state()["windows"] == 0, timeout=10)
+    assert wait_until(lambda: d._pacing_state()["windows"] == 0, timeout=10)
     state = d._pacing_state()
     assert state["expiry"] == 0 and state["expiry_lists"] == 0
 
@@ -274,11 +265,11 @@ def test_a_window_whose_chat_never_started_is_forgotten(make_dispatcher):
                                       global_limit=RateLimit(1, per=0.5)))
     assert d.submit("a", lambda sc: "a").result(timeout=5) == "a"
     waiting = d.submit("b", lambda sc: "b")
-    assert _wait_until(lambda: d._pacing_state()["line"] == 1)
+    assert wait_until(lambda: d._pacing_state()["line"] == 1)
     assert d._pacing_state()["windows"] == 2
     assert waiting.cancel()
     assert d.drain(timeout=5)
-    assert _wait_until(lambda: d._pacing_state()["windows"] == 0, timeout=5)
+    assert wait_until(lambda: d._pacing_state()["windows"] == 0, timeout=5)
 
 
 def test_force_close_forgets_every_window(make_dispatcher):
@@ -498,12 +489,3 @@ def test_random_mix_of_limits_retries_cancels_and_slow_hooks_keeps_every_promise
         if not f.cancelled() and f.exception() is not None:
             assert isinstance(f.exception(), (ValueError, ConnectionError, RetryAfter,
                                               DispatcherError)), f.exception()
-
-
-def _wait_until(predicate, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()

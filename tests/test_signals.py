@@ -16,7 +16,7 @@ import time
 import pytest
 
 from fastdispatch._signals import SignalRelay
-from fastdispatch.telegram._run import _Stopper
+from fastdispatch._serve import Stopper
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -43,7 +43,7 @@ def call_holding(lock, fn, *args):
 
 
 def test_a_sigterm_handled_inside_the_stop_events_lock_stops_and_a_second_forces(handlers):
-    stopper = _Stopper(None, True)
+    stopper = Stopper(None, True)
     try:
         handler = signal.getsignal(signal.SIGTERM)
         assert callable(handler) and signal.getsignal(signal.SIGINT) == handler
@@ -60,7 +60,7 @@ def test_a_sigterm_handled_inside_the_stop_events_lock_stops_and_a_second_forces
 
 
 def test_real_signals_reach_the_stopper_and_its_events(handlers):
-    stopper = _Stopper(None, True)
+    stopper = Stopper(None, True)
     main = threading.main_thread().ident
     try:
         signal.pthread_kill(main, signal.SIGTERM)
@@ -73,7 +73,7 @@ def test_real_signals_reach_the_stopper_and_its_events(handlers):
 
 
 def test_without_handle_signals_nothing_is_installed(handlers):
-    stopper = _Stopper(None, False)
+    stopper = Stopper(None, False)
     assert signal.getsignal(signal.SIGTERM) == handlers[signal.SIGTERM]
     stopper.restore()
 

@@ -8,7 +8,6 @@ import gc
 import http.client
 import json
 import logging
-import socket
 import threading
 import time
 
@@ -34,6 +33,8 @@ from fastdispatch.telegram import (
 )
 from fastdispatch.testing import FakeTelegramServer
 
+from helpers import free_port, listening, wait_until
+
 TOKEN = "123456:intake"
 
 
@@ -54,21 +55,6 @@ class GatedSender:
         with self.lock:
             self.sent.append(request.message.text)
         return SendResult("1")
-
-
-def wait_until(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the engine: EventOutcome ----------------------------------------------------------
@@ -668,7 +654,7 @@ def test_run_polling_serves_health_on_request(server, sender):
     seen = {}
 
     def drive():
-        assert wait_until(lambda: _up(port))
+        assert wait_until(lambda: listening(port))
         seen["health"] = get(port, "/healthz")
         seen["metrics"] = get(port, "/metrics")
         stop.set()
@@ -677,14 +663,6 @@ def test_run_polling_serves_health_on_request(server, sender):
     assert run_polling(engine, sender, poll_timeout=1, health_port=port, stop=stop) == 0
     assert seen["health"] == (200, '{"status": "ok", "mode": "polling"}\n')
     assert "fastdispatch_telegram_pending_updates 0" in seen["metrics"][1]
-
-
-def _up(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_run_helpers_check_their_arguments(sender):

@@ -11,11 +11,9 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 import pytest
@@ -23,27 +21,14 @@ import pytest
 from fastdispatch.telegram import TelegramSender
 from fastdispatch.testing import FakeTelegramServer
 
+from helpers import free_port, wait_until
+
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 HERE = pathlib.Path(__file__).resolve().parent
 BOT = HERE / "telegram_bot_process.py"
 GUNICORN_CONF = HERE.parent / "examples" / "gunicorn.conf.py"
 TOKEN = "123:shutdown"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for " + what)
 
 
 class Bot:

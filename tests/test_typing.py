@@ -1,6 +1,6 @@
 """Type checkers see the real API: signatures, ``Future[T]``, reported mistakes.
 
-``OutboundDispatcher`` is built at import on the core chosen then, which no
+``OutboundDispatcher`` is the class of the core chosen at import, which no
 checker can follow; the stubs ``_dispatcher.pyi``, ``_ringbuf.pyi`` and
 ``pacing.pyi`` declare what checkers see.  These tests keep that true:
 
@@ -9,8 +9,8 @@ checker can follow; the stubs ``_dispatcher.pyi``, ``_ringbuf.pyi`` and
 - ``tests/typing/mistakes.py`` makes each checker report an error on every
   line marked ``# error`` and on no other line;
 - the stubs match the objects at run time: ``mypy.stubtest`` for the stubbed
-  modules, and a comparison of ``_dispatcher.pyi`` with the class that
-  ``build_dispatcher_class`` builds on each core.
+  modules, and a comparison of ``_dispatcher.pyi`` with the class on each
+  core.
 
 The checkers run on copies of the files in a temporary directory, so they
 resolve ``fastdispatch`` to the installed package, as a user's would.
@@ -168,7 +168,7 @@ def _runtime_params(obj):
     return [(p.name, p.kind.name, p.default) for p in params]
 
 
-def test_dispatcher_stub_matches_the_class_built_at_run_time(impl):
+def test_dispatcher_stub_matches_the_class_of_each_core(impl):
     cls = impl.OutboundDispatcher
     stub = _declared(_stub_class("_dispatcher.pyi", "OutboundDispatcher"))
     base = _declared(_stub_class("_ringbuf.pyi", "DispatcherCore"))

@@ -17,15 +17,9 @@ import pytest
 
 from fastdispatch import DispatcherClosed, DispatcherHooks, QueueFull, TaskDiscarded
 
+from helpers import wait_until
+
 WAIT = 10.0  # a bound on any wait that should end at once (never reached when correct)
-
-
-def _wait_until(predicate, timeout=WAIT):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within %ss" % timeout)
-        time.sleep(0.001)
 
 
 def _identity(s):
@@ -90,7 +84,7 @@ def test_blocked_caller_gets_in_fifo_and_counts(make_dispatcher):
         t = threading.Thread(target=producer, args=(i,))
         t.start()
         threads.append(t)
-        _wait_until(lambda: d.stats().waiting == i + 1)  # in this order
+        wait_until(lambda: d.stats().waiting == i + 1)  # in this order
     s = d.stats()
     assert s.waiting == 5 and s.submitted == 3   # waiters count once let in
     gate.set()
@@ -127,7 +121,7 @@ def test_nobody_jumps_the_line(make_dispatcher):
     waiter = threading.Thread(target=lambda: d.submit(
         1, lambda sc: results.append("waiter"), block=True))
     waiter.start()
-    _wait_until(lambda: d.stats().waiting == 1)
+    wait_until(lambda: d.stats().waiting == 1)
     gate.set()
     waiter.join(WAIT)
     assert d.drain(WAIT)
@@ -158,7 +152,7 @@ def test_max_waiting_refuses_at_once(make_dispatcher):
                for _ in range(2)]
     for t in threads:
         t.start()
-    _wait_until(lambda: d.stats().waiting == 2)
+    wait_until(lambda: d.stats().waiting == 2)
     started = time.monotonic()
     with pytest.raises(QueueFull, match="max_waiting"):
         d.submit(1, lambda sc: None, block=True)   # no timeout: it must not wait
@@ -188,7 +182,7 @@ def test_close_wakes_every_waiter(make_dispatcher, how):
     threads = [threading.Thread(target=producer) for _ in range(4)]
     for t in threads:
         t.start()
-    _wait_until(lambda: d.stats().waiting == 4)
+    wait_until(lambda: d.stats().waiting == 4)
     getattr(d, how)()
     for t in threads:
         t.join(WAIT)
@@ -248,7 +242,7 @@ def test_a_panic_discards_the_waiters_tasks(make_dispatcher):
         d.submit(1, lambda sc: None, block=True))) for _ in range(3)]
     for t in threads:
         t.start()
-    _wait_until(lambda: d.stats().waiting == 3)
+    wait_until(lambda: d.stats().waiting == 3)
     gate.set()
     for t in threads:
         t.join(WAIT)
@@ -532,7 +526,7 @@ def test_a_wait_that_would_close_a_cycle_is_refused_and_others_end(make_dispatch
     d.submit("a", lambda sc: got.append("a2"))               # "a" is full now
     d.submit("b", b1)
     assert b_waits.wait(WAIT)
-    _wait_until(lambda: d.stats().waiting == 1)
+    wait_until(lambda: d.stats().waiting == 1)
     a_may_go.set()
     assert d.drain(WAIT)
     assert "never end" in got[0], got
@@ -551,7 +545,7 @@ def test_a_task_may_wait_for_another_chat_that_can_make_room(make_dispatcher):
         order.append("a got in")
 
     fut = d.submit("a", task)
-    _wait_until(lambda: d.stats().waiting == 1)
+    wait_until(lambda: d.stats().waiting == 1)
     gate.set()
     fut.result(WAIT)
     assert d.drain(WAIT)

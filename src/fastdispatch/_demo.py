@@ -27,6 +27,7 @@ import random
 import sys
 import threading
 import time
+from typing import Any, NamedTuple
 
 DESCRIPTION = (
     "Thousands of messages to hundreds of chats through TelegramSender over HTTP into a "
@@ -88,98 +89,116 @@ def plan_messages(messages, chats, groups, seed):
     return counts
 
 
-def run(args, out):
-    from . import OutboundDispatcher, Pacing, RetryAfter, RetryPolicy, IMPLEMENTATION
-    from .platform import ChatInfo, SendRequest, TextMessage
-    from .telegram import TelegramNetworkError, TelegramSender
-    from .testing import FakeTelegramServer, telegram_limits
+class _Demo:
+    """One run of the demo: the plan, the fake server with its limits, the
+    pacing and retry policy, and what the sends recorded (from the worker
+    threads, under ``lock``)."""
 
-    limits = telegram_limits(args.speedup)
-    chat_limit, group_limit, global_limit = (
-        limits["chat_limit"], limits["group_limit"], limits["global_limit"])
-    counts = plan_messages(args.messages, args.chats, args.groups, args.seed)
-    total = sum(counts.values())
-    latency = args.latency_ms / 1000.0
-    # The server shortens its windows by a little, for the scheduling jitter
-    # between a worker starting a send and the server reading it (at real
-    # Telegram scale, 1 s windows, it is noise; at 50 ms it is not).
-    tolerance = min(chat_limit.per, global_limit.per) * args.tolerance
-    # exact_retry_after: with windows of 100 ms, Telegram's whole-second
-    # retry_after would make each 429 cost ten windows.
-    server = FakeTelegramServer(**limits, tolerance=tolerance, exact_retry_after=True,
-                                latency=(0.5 * latency, 1.5 * latency), seed=args.seed)
-    if args.inject_429 or args.inject_5xx:
-        server.set_fault_rates(too_many=args.inject_429, error=args.inject_5xx,
-                               retry_after=chat_limit.per)
+    def __init__(self, args, out):
+        from . import Pacing, RetryPolicy
+        from .testing import FakeTelegramServer, telegram_limits
 
-    pacing = None
-    if not args.no_pacing:
-        pacing = Pacing(global_limit=global_limit, chat_limit=chat_limit,
-                        limit_for=lambda chat_id: group_limit if chat_id[:1] == "-" else None)
-    retry = RetryPolicy(max_attempts=args.max_attempts, backoff=chat_limit.per / 2,
-                        max_backoff=chat_limit.per * 4, max_retry_after=60.0)
+        self.args, self.out = args, out
+        limits = telegram_limits(args.speedup)
+        self.chat_limit, self.group_limit, self.global_limit = (
+            limits["chat_limit"], limits["group_limit"], limits["global_limit"])
+        self.counts = plan_messages(args.messages, args.chats, args.groups, args.seed)
+        self.total = sum(self.counts.values())
+        latency = args.latency_ms / 1000.0
+        # The server shortens its windows by a little, for the scheduling jitter
+        # between a worker starting a send and the server reading it (at real
+        # Telegram scale, 1 s windows, it is noise; at 50 ms it is not).
+        self.tolerance = min(self.chat_limit.per, self.global_limit.per) * args.tolerance
+        # exact_retry_after: with windows of 100 ms, Telegram's whole-second
+        # retry_after would make each 429 cost ten windows.
+        self.server = FakeTelegramServer(**limits, tolerance=self.tolerance,
+                                         exact_retry_after=True,
+                                         latency=(0.5 * latency, 1.5 * latency), seed=args.seed)
+        if args.inject_429 or args.inject_5xx:
+            self.server.set_fault_rates(too_many=args.inject_429, error=args.inject_5xx,
+                                        retry_after=self.chat_limit.per)
+        group_limit = self.group_limit
+        self.pacing = None
+        if not args.no_pacing:
+            self.pacing = Pacing(global_limit=self.global_limit, chat_limit=self.chat_limit,
+                                 limit_for=lambda chat_id: group_limit
+                                 if chat_id[:1] == "-" else None)
+        self.retry = RetryPolicy(max_attempts=args.max_attempts,
+                                 backoff=self.chat_limit.per / 2,
+                                 max_backoff=self.chat_limit.per * 4, max_retry_after=60.0)
+        self.lock = threading.Lock()  # guards the counters and latencies below
+        self.received = {"429": 0, "5xx": 0}
+        self.latencies = []
+        self.round_trips = []
+        self.done = 0
 
-    lock = threading.Lock()  # guards the counters and latencies below
-    received = {"429": 0, "5xx": 0}
-    latencies = []
-    round_trips = []
-    done = [0]
+    def task(self, sender, request, t_submit):
+        """The task that sends ``request`` and records how it went."""
+        from . import RetryAfter
+        from .telegram import TelegramNetworkError
 
-    def make_task(sender, request, t_submit):
         def task(sc):
             t_start = time.monotonic()
             try:
                 result = sender.send(sc, request)
             except RetryAfter:
-                with lock:
-                    received["429"] += 1
+                with self.lock:
+                    self.received["429"] += 1
                 raise
             except TelegramNetworkError:
-                with lock:
-                    received["5xx"] += 1
+                with self.lock:
+                    self.received["5xx"] += 1
                 raise
             now = time.monotonic()
-            with lock:
-                latencies.append(now - t_submit)
-                round_trips.append(now - t_start)
-                done[0] += 1
+            with self.lock:
+                self.latencies.append(now - t_submit)
+                self.round_trips.append(now - t_start)
+                self.done += 1
             return result
         return task
 
-    chat_ids = list(counts)
-    owned = [chat_ids[i::args.producers] for i in range(args.producers)]
+    def produce(self, d, sender, index, chats, futures):
+        """Producer ``index``: submit the messages of ``chats`` in a random
+        order across them.  One producer owns each chat, so "submission
+        order" is well defined."""
+        from .platform import ChatInfo, SendRequest, TextMessage
 
-    def produce(index, futures):
-        # One producer owns each chat, so "submission order" is well defined.
-        rng = random.Random(args.seed + index)
-        todo = [c for c in owned[index] for _ in range(counts[c])]
+        rng = random.Random(self.args.seed + index)
+        todo = [c for c in chats for _ in range(self.counts[c])]
         rng.shuffle(todo)
-        seq = dict.fromkeys(owned[index], 0)
+        seq = dict.fromkeys(chats, 0)
         for chat in todo:
             request = SendRequest(ChatInfo(chat, is_group=chat[:1] == "-"),
                                   TextMessage("%s #%d" % (chat, seq[chat])))
             seq[chat] += 1
-            futures.append(d.submit(chat, make_task(sender, request, time.monotonic())))
+            futures.append(d.submit(chat, self.task(sender, request, time.monotonic())))
 
-    n_groups = sum(1 for c in counts if c[:1] == "-")
-    out.write("fastdispatch demo (%s core): %s to %s (%s) from %s"
-              "\n  TelegramSender -> HTTP -> FakeTelegramServer on 127.0.0.1, "
-              "~%g ms per answer, max_inflight=%d\n  limits (Telegram's / %g): chat %s, "
-              "group %s, bot-wide %s; pacing %s\n"
-              % (IMPLEMENTATION, _count(total, "message"), _count(len(counts), "chat"),
-                 _count(n_groups, "group"), _count(args.producers, "producer thread"),
-                 args.latency_ms,
-                 args.max_inflight, args.speedup, chat_limit, group_limit, global_limit,
-                 "on (the same limits)" if pacing else "OFF"))
-    if args.inject_429 or args.inject_5xx:
-        out.write("  injected faults: %.1f%% of sends answered 429, %.1f%% answered 500\n"
-                  % (100 * args.inject_429, 100 * args.inject_5xx))
+    def header(self):
+        from . import IMPLEMENTATION
 
-    with server:
-        sender = TelegramSender("123456:demo", base_url=server.base_url,
-                                pool_size=args.max_inflight)
-        metrics_server = None
-        hooks = None
+        args, counts = self.args, self.counts
+        n_groups = sum(1 for c in counts if c[:1] == "-")
+        self.out.write(
+            "fastdispatch demo (%s core): %s to %s (%s) from %s"
+            "\n  TelegramSender -> HTTP -> FakeTelegramServer on 127.0.0.1, "
+            "~%g ms per answer, max_inflight=%d\n  limits (Telegram's / %g): chat %s, "
+            "group %s, bot-wide %s; pacing %s\n"
+            % (IMPLEMENTATION, _count(self.total, "message"), _count(len(counts), "chat"),
+               _count(n_groups, "group"), _count(args.producers, "producer thread"),
+               args.latency_ms,
+               args.max_inflight, args.speedup, self.chat_limit, self.group_limit,
+               self.global_limit, "on (the same limits)" if self.pacing else "OFF"))
+        if args.inject_429 or args.inject_5xx:
+            self.out.write("  injected faults: %.1f%% of sends answered 429, %.1f%% answered "
+                           "500\n" % (100 * args.inject_429, 100 * args.inject_5xx))
+
+    def dispatcher(self):
+        """The dispatcher, and the metrics server when ``--metrics-port``
+        asks for one (or None)."""
+        from . import OutboundDispatcher
+
+        args = self.args
+        hooks = metrics_server = None
         if args.metrics_port is not None:
             # Prometheus metrics of this run (fastdispatch[prometheus]).
             from prometheus_client import CollectorRegistry
@@ -188,47 +207,84 @@ def run(args, out):
             registry = CollectorRegistry()
             metrics = PrometheusMetrics(registry)
             hooks = metrics.hooks("demo")
-        d = OutboundDispatcher(max_inflight=args.max_inflight, queue_size=max(counts.values()),
-                               send_timeout=30.0, pacing=pacing, retry=retry, hooks=hooks)
+        d = OutboundDispatcher(max_inflight=args.max_inflight,
+                               queue_size=max(self.counts.values()), send_timeout=30.0,
+                               pacing=self.pacing, retry=self.retry, hooks=hooks)
         if args.metrics_port is not None:
             metrics.track(d, "demo", max_inflight=args.max_inflight)
             metrics_server = serve(args.metrics_port, registry)
-            out.write("  metrics         %s (Prometheus; kept up until the summary)\n"
-                      % (metrics_server.url,))
-        started = time.monotonic()
-        futures = [[] for _ in range(args.producers)]
-        threads = [threading.Thread(target=produce, args=(i, futures[i]))
-                   for i in range(args.producers)]
-        for t in threads:
-            t.start()
-        tty = out.isatty()
-        while any(t.is_alive() for t in threads) or not d.drain(timeout=0.1):
-            if tty:
-                out.write(_bar(done[0], total, started))
-                out.flush()
-            if time.monotonic() - started > args.give_up:
-                break
-        for t in threads:
-            t.join()
-        ok_drain = d.shutdown(timeout=30)
-        if metrics_server is not None and args.metrics_linger:
-            out.write("\n  metrics stay up for %g s at %s\n"
-                      % (args.metrics_linger, metrics_server.url))
-            out.flush()
-            time.sleep(args.metrics_linger)
-        elapsed = time.monotonic() - started
-        out.write(_bar(done[0], total, started) + "\n")
-        sender.close()
-        record = {chat: server.messages(chat) for chat in counts}
-        server_stats = server.stats()
+            self.out.write("  metrics         %s (Prometheus; kept up until the summary)\n"
+                           % (metrics_server.url,))
+        return d, metrics_server
 
+    def send_all(self):
+        """Run the producers against the server until every send ended (or
+        ``--give-up`` seconds passed); what the summary needs."""
+        from .telegram import TelegramSender
+
+        args, out = self.args, self.out
+        chat_ids = list(self.counts)
+        owned = [chat_ids[i::args.producers] for i in range(args.producers)]
+        with self.server:
+            sender = TelegramSender("123456:demo", base_url=self.server.base_url,
+                                    pool_size=args.max_inflight)
+            d, metrics_server = self.dispatcher()
+            started = time.monotonic()
+            futures = [[] for _ in range(args.producers)]
+            threads = [threading.Thread(target=self.produce,
+                                        args=(d, sender, i, owned[i], futures[i]))
+                       for i in range(args.producers)]
+            for t in threads:
+                t.start()
+            tty = out.isatty()
+            while any(t.is_alive() for t in threads) or not d.drain(timeout=0.1):
+                if tty:
+                    out.write(_bar(self.done, self.total, started))
+                    out.flush()
+                if time.monotonic() - started > args.give_up:
+                    break
+            for t in threads:
+                t.join()
+            ok_drain = d.shutdown(timeout=30)
+            if metrics_server is not None and args.metrics_linger:
+                out.write("\n  metrics stay up for %g s at %s\n"
+                          % (args.metrics_linger, metrics_server.url))
+                out.flush()
+                time.sleep(args.metrics_linger)
+            elapsed = time.monotonic() - started
+            out.write(_bar(self.done, self.total, started) + "\n")
+            sender.close()
+            record = {chat: self.server.messages(chat) for chat in self.counts}
+            server_stats = self.server.stats()
+        return _Sent(d, metrics_server, futures, ok_drain, elapsed, record, server_stats)
+
+
+class _Sent(NamedTuple):
+    """What :meth:`_Demo.send_all` leaves for the summary."""
+
+    dispatcher: Any
+    metrics_server: Any
+    futures: list
+    ok_drain: bool
+    elapsed: float
+    record: dict        # chat -> the messages the server received, in order
+    server_stats: dict
+
+
+def _errors(futures):
+    """Exception class name -> how many sends ended with it."""
     errors = {}
     for fs in futures:
         for f in fs:
             exc = f.exception() if f.done() else TimeoutError("not done")
             if exc is not None:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-    failures = sum(errors.values())
+    return errors
+
+
+def _check_record(record):
+    """(chats whose messages arrived out of order, duplicates, messages
+    delivered) from the server's record."""
     broken, duplicated, delivered = [], 0, 0
     for chat, arrived in record.items():
         numbers = [int(m.text.rsplit("#", 1)[1]) for m in arrived]
@@ -236,31 +292,45 @@ def run(args, out):
         duplicated += len(numbers) - len(set(numbers))
         if numbers != sorted(numbers):  # a retry's duplicate sits next to its original
             broken.append(chat)
-    latencies.sort()
-    round_trips.sort()
+    return broken, duplicated, delivered
+
+
+def _limit_bound(demo):
+    """The least time the limits allow for the whole plan."""
+    counts, total = demo.counts, demo.total
     busiest_chat = max((n for c, n in counts.items() if c[:1] != "-"), default=0)
     busiest_group = max((n for c, n in counts.items() if c[:1] == "-"), default=0)
-    bound = max(_min_time(total, global_limit), _min_time(busiest_chat, chat_limit),
-                _min_time(busiest_group, group_limit))
-    limit_rate = global_limit.count / global_limit.per
+    return max(_min_time(total, demo.global_limit), _min_time(busiest_chat, demo.chat_limit),
+               _min_time(busiest_group, demo.group_limit))
+
+
+def _summary(demo, sent):
+    """Write the summary; True if every check held."""
+    args, out, total, server_stats = demo.args, demo.out, demo.total, sent.server_stats
+    errors = _errors(sent.futures)
+    failures = sum(errors.values())
+    broken, duplicated, delivered = _check_record(sent.record)
+    latencies, round_trips = sorted(demo.latencies), sorted(demo.round_trips)
+    elapsed, bound = sent.elapsed, _limit_bound(demo)
+    limit_rate = demo.global_limit.count / demo.global_limit.per
 
     out.write("\n  delivered       %d / %d  (%d failed%s)\n" % (
         delivered, total, failures,
         ": " + ", ".join("%d %s" % (n, k) for k, n in sorted(errors.items())) if errors else ""))
     out.write("  per-chat order  %s (%s checked on the server's record, %s)\n"
               % ("OK" if not broken else "BROKEN in %s" % _count(len(broken), "chat"),
-                 _count(len(record), "chat"), _count(duplicated, "duplicate")))
+                 _count(len(sent.record), "chat"), _count(duplicated, "duplicate")))
     out.write("  429s received   %d  (%d from limits [chat %d, group %d, bot-wide %d], "
               "%d injected)\n" % (
-                  received["429"], server_stats.get("too_many", 0),
+                  demo.received["429"], server_stats.get("too_many", 0),
                   server_stats.get("too_many_chat", 0), server_stats.get("too_many_group", 0),
                   server_stats.get("too_many_global", 0),
                   server_stats.get("injected_too_many", 0)))
     out.write("  5xx received    %d  (%s)\n" % (
-        received["5xx"], "the server answers 500 only when told to: --inject-5xx"
+        demo.received["5xx"], "the server answers 500 only when told to: --inject-5xx"
         if not args.inject_5xx else "all injected, %.1f%% of sends" % (100 * args.inject_5xx)))
     out.write("  retries         %d  (sends tried again after a 429 or a 5xx)\n"
-              % d.stats().retried)
+              % sent.dispatcher.stats().retried)
     out.write("  wall time       %.2f s  (limit-imposed minimum %.2f s: ratio %.2f)\n"
               % (elapsed, bound, elapsed / bound if bound else float("nan")))
     out.write("  throughput      %.0f messages delivered/s  (bot-wide limit %.0f/s: %.0f%% of it)\n"
@@ -272,13 +342,23 @@ def run(args, out):
               "  (one sendMessage call)\n" % tuple(
                   1000 * _percentile(round_trips, q) for q in (0.5, 0.9, 0.99, 1.0)))
     out.write("  server          %s, windows shortened by %.1f ms for jitter\n"
-              % (_count(server_stats.get("requests", 0), "request"), 1000 * tolerance))
-    out.write("  stats           %s\n" % (d.stats(),))
-    ok = (ok_drain and delivered == total and not failures and not broken and not duplicated)
-    if pacing is not None and server_stats.get("too_many", 0):
-        out.write(jitter_note(server_stats["too_many"], tolerance))
-    if metrics_server is not None:
-        metrics_server.stop()
+              % (_count(server_stats.get("requests", 0), "request"), 1000 * demo.tolerance))
+    out.write("  stats           %s\n" % (sent.dispatcher.stats(),))
+    ok = (sent.ok_drain and delivered == total and not failures and not broken
+          and not duplicated)
+    if demo.pacing is not None and server_stats.get("too_many", 0):
+        out.write(jitter_note(server_stats["too_many"], demo.tolerance))
+    return ok
+
+
+def run(args, out):
+    """The demo: plan, send, check and summarise; the exit status."""
+    demo = _Demo(args, out)
+    demo.header()
+    sent = demo.send_all()
+    ok = _summary(demo, sent)
+    if sent.metrics_server is not None:
+        sent.metrics_server.stop()
     out.write("\n%s\n" % ("all checks passed" if ok else "CHECKS FAILED"))
     return 0 if ok else 1
 

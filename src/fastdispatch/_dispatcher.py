@@ -2,8 +2,13 @@
 
 The hot path (submit, the worker loop, the deadline loop) lives in the core
 class, compiled (``_ringbuf.pyx``) or pure Python (``_core_py.py``).  This
-module adds what runs once per dispatcher or once per thread, identically for
-both cores, by mixing :class:`_Lifecycle` into the core class.
+module holds what runs once per dispatcher or once per thread, identically
+for both cores: :class:`_Lifecycle`, mixed into the core class.  The class
+itself is defined twice, once per core, in ``_dispatcher_cython.py`` and
+``_dispatcher_python.py`` (two lines each: the compiled one cannot be
+imported where the extension is not built); :func:`build_dispatcher_class`
+picks one, and ``fastdispatch/__init__.py`` exports the one on the core it
+chose.
 
 Threads.  Workers are daemon threads, started on demand (never more than
 ``max_inflight``) and ended after ``idle_timeout`` idle seconds; so is the
@@ -90,6 +95,16 @@ _RETRY_AFTER_ONLY = RetryPolicy(retry_on=())
 
 class _Lifecycle:
     """The part of OutboundDispatcher that both cores share."""
+
+    def __new__(cls, *args, **kwargs):
+        # Python's own TypeError for OutboundDispatcher(8) or a misspelt
+        # keyword names the method that defines the parameters
+        # (_Lifecycle.__init__), an internal class: say it of the class the
+        # caller named, and of the argument, before the instance is made.
+        if cls.__init__ is _Lifecycle.__init__ and (
+                args or not _INIT_PARAMETERS.issuperset(kwargs)):
+            _refuse_arguments(cls.__name__, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(self, *, max_inflight=512, queue_size=64, send_timeout=30.0,
                  recover=None, hooks=None, idle_timeout=5.0, pacing=None, retry=None,
@@ -342,41 +357,6 @@ def _set_drained(future):
         future.set_result(True)
 
 
-# What Cython adds to an extension type for its own use; help() and dir()
-# of the dispatcher class leave it out.
-_CYTHON_NAMES = frozenset(("__pyx_vtable__", "__reduce_cython__", "__setstate_cython__"))
-
-
-class _DispatcherType(type):
-    """The dispatcher's metaclass: ``__dir__``, so that ``help()`` shows the API,
-    and ``__call__``, so that a wrong argument is named in the class's terms.
-
-    pydoc lists what ``dir(cls)`` returns.  Python's own TypeError for
-    ``OutboundDispatcher(8)`` or a misspelt keyword names the method that
-    defines the parameters (``_Lifecycle.__init__``), an internal class;
-    ``__call__`` says it of ``OutboundDispatcher`` and the argument instead,
-    before the instance is made.  Instances are untouched: attribute lookups
-    and calls on a dispatcher do not go through the metaclass.
-    """
-
-    def __call__(cls, *args, **kwargs):
-        if cls.__init__ is _Lifecycle.__init__ and (
-                args or not _INIT_PARAMETERS.issuperset(kwargs)):
-            _refuse_arguments(cls.__name__, args, kwargs)
-        return type.__call__(cls, *args, **kwargs)
-
-    def __dir__(cls):
-        names = []
-        for name in type.__dir__(cls):
-            if name in _CYTHON_NAMES:
-                continue
-            value = getattr(cls, name, None)
-            if name in ("__reduce__", "__setstate__") and "cython" in getattr(value, "__name__", ""):
-                continue   # __reduce__ = __reduce_cython__: Cython's pickling refusal
-            names.append(name)
-        return names
-
-
 _INIT_PARAMETERS = frozenset(
     name for name in inspect.signature(_Lifecycle.__init__).parameters if name != "self")
 
@@ -401,35 +381,66 @@ def _safe_arg(value):
     return _safe_repr(value)
 
 
+# What Cython adds to an extension type for its own use; help() and dir()
+# of the compiled core's dispatcher class leave it out.
+_CYTHON_NAMES = frozenset(("__pyx_vtable__", "__reduce_cython__", "__setstate_cython__"))
+
+
+class _HideCythonNames(type):
+    """The compiled core's dispatcher class's metaclass: its ``__dir__``
+    leaves out what Cython adds to an extension type for its own use, so
+    that ``help()`` (pydoc lists what ``dir(cls)`` returns) shows the API.
+    Instances are untouched: attribute lookups and calls on a dispatcher do
+    not go through the metaclass."""
+
+    def __dir__(cls):
+        names = []
+        for name in type.__dir__(cls):
+            if name in _CYTHON_NAMES:
+                continue
+            value = getattr(cls, name, None)
+            if name in ("__reduce__", "__setstate__") and "cython" in getattr(value, "__name__", ""):
+                continue   # __reduce__ = __reduce_cython__: Cython's pickling refusal
+            names.append(name)
+        return names
+
+
+_DOCSTRING = """Per-chat outbound dispatcher: FIFO within a chat, parallel across chats.
+
+    ``OutboundDispatcher(*, max_inflight=512, queue_size=64,
+    send_timeout=30.0, recover=None, hooks=None, idle_timeout=5.0,
+    pacing=None, retry=None, max_waiting=100_000)``
+
+    - ``max_inflight``: most tasks running at once, across all chats
+      (the worker-thread cap).
+    - ``queue_size``: how many tasks one chat may have waiting.
+    - ``send_timeout``: seconds each task may run (None: no limit).
+    - ``recover``: ``callable(exc)`` called after a panic or a hook failure.
+    - ``hooks``: a :class:`DispatcherHooks`.
+    - ``idle_timeout``: seconds an idle worker thread lingers.
+    - ``pacing``: a :class:`Pacing` (rate limits per chat and bot-wide),
+      or None to pace nothing.
+    - ``retry``: a :class:`RetryPolicy`; None still honours
+      ``RetryAfter`` (with ``RetryPolicy()``'s limits) and retries
+      nothing else.
+    - ``max_waiting``: most callers waiting for room at once, bot-wide
+      (``submit``/``post``/``asubmit`` with ``block=True`` on a full
+      chat); past it such a call raises ``QueueFull`` at once.
+
+    Guarantees and design:
+    https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md
+    """
+
+
 def build_dispatcher_class(core):
-    """Return ``OutboundDispatcher`` built on ``core`` (a core module)."""
-
-    class OutboundDispatcher(_Lifecycle, core.DispatcherCore, metaclass=_DispatcherType):
-        """Per-chat outbound dispatcher: FIFO within a chat, parallel across chats.
-
-        ``OutboundDispatcher(*, max_inflight=512, queue_size=64,
-        send_timeout=30.0, recover=None, hooks=None, idle_timeout=5.0,
-        pacing=None, retry=None, max_waiting=100_000)``
-
-        - ``max_inflight``: most tasks running at once, across all chats
-          (the worker-thread cap).
-        - ``queue_size``: how many tasks one chat may have waiting.
-        - ``send_timeout``: seconds each task may run (None: no limit).
-        - ``recover``: ``callable(exc)`` called after a panic or a hook failure.
-        - ``hooks``: a :class:`DispatcherHooks`.
-        - ``idle_timeout``: seconds an idle worker thread lingers.
-        - ``pacing``: a :class:`Pacing` (rate limits per chat and bot-wide),
-          or None to pace nothing.
-        - ``retry``: a :class:`RetryPolicy`; None still honours
-          ``RetryAfter`` (with ``RetryPolicy()``'s limits) and retries
-          nothing else.
-        - ``max_waiting``: most callers waiting for room at once, bot-wide
-          (``submit``/``post``/``asubmit`` with ``block=True`` on a full
-          chat); past it such a call raises ``QueueFull`` at once.
-
-        Guarantees and design:
-        https://github.com/fastdispatch/fastdispatch/blob/main/docs/dispatcher.md
-        """
-
-    OutboundDispatcher.__module__ = "fastdispatch"
+    """Return the ``OutboundDispatcher`` class on ``core``: the compiled core
+    module (``fastdispatch._ringbuf``) or the pure-Python one
+    (``fastdispatch._core_py``)."""
+    if core.__name__ == __package__ + "._ringbuf":
+        from ._dispatcher_cython import OutboundDispatcher
+    elif core.__name__ == __package__ + "._core_py":
+        from ._dispatcher_python import OutboundDispatcher
+    else:
+        raise ValueError("no OutboundDispatcher for %r: the cores are %s._ringbuf and "
+                         "%s._core_py" % (core.__name__, __package__, __package__))
     return OutboundDispatcher

@@ -1,10 +1,11 @@
 """Typing stub for ``_dispatcher.py``: the ``OutboundDispatcher`` that checkers see.
 
-At run time ``OutboundDispatcher`` is built by :func:`build_dispatcher_class`
-on the core chosen at import (compiled or pure Python), which no checker can
-follow.  This stub declares the class once, on the core's stub
+At run time ``OutboundDispatcher`` is one of two classes, one per core
+(``_dispatcher_cython.py``, ``_dispatcher_python.py``), picked by
+:func:`build_dispatcher_class` on the core chosen at import, which no checker
+can follow.  This stub declares the class once, on the core's stub
 (``_ringbuf.pyi``), so that mypy and pyright see its real signatures.
-``tests/test_typing.py`` checks that it matches the class built at run time.
+``tests/test_typing.py`` checks that it matches both classes.
 """
 
 from concurrent.futures import Future

@@ -1,6 +1,7 @@
 """The web servers the package runs: the Telegram webhook, Discord's
 interactions endpoint, ``/healthz`` and ``/metrics``; and what every runner
-shares (signals, and saying what happens to a program without logging).
+shares (:class:`Run`: signals, the servers it started, and saying what
+happens to a program without logging).
 
 They face the network, where one client must not take a bot down.  The
 server is cheroot (CherryPy's threaded WSGI server, the
@@ -47,11 +48,12 @@ import time
 from typing import Any, Callable, Optional
 
 from . import _http
+from ._drain import ShutdownReport, drain_engine
 from ._netnum import parse_int
 from ._signals import SignalRelay
 
-__all__ = ["Server", "Stopper", "NewcomerLogging", "check_limits", "service_app",
-           "health_server"]
+__all__ = ["Server", "Stopper", "NewcomerLogging", "Run", "check_limits", "check_url_path",
+           "service_app", "health_server"]
 
 _log = logging.getLogger("fastdispatch")
 
@@ -163,6 +165,62 @@ def service_app(state: dict, intake: Callable, url_path: Optional[str],
     return app
 
 
+def _cheroot_classes(cheroot_server, wsgi, request_timeout, outer):
+    """cheroot's connection and server classes with this module's limits:
+    a deadline per request (counted in ``outer.cut`` when it fires), the
+    writer closed with the connection, and a new connection kept in the
+    selector until it is readable.  Made at the call, because cheroot is
+    imported only when a server is made (the ``webhook`` extra)."""
+
+    class _DeadlineConnection(cheroot_server.HTTPConnection):
+        def communicate(self):
+            call = _http._watchdog.arm(time.monotonic() + request_timeout)
+            _http._watchdog.attach(call, _Cuttable(self.socket))
+            _current.call = call
+            try:
+                return super().communicate()
+            finally:
+                if getattr(_current, "call", None) is call:  # the app never ran
+                    _current.call = None
+                    _http._watchdog.disarm(call)
+                    if call.fired:
+                        outer.cut += 1
+
+        def close(self):
+            # cheroot closes the socket but not the buffered writer: an
+            # answer that could not be sent (the client gone, the
+            # connection cut at its deadline) stayed in its buffer, and
+            # the writer's finalizer flushed it into the closed socket
+            # later, raising in whatever thread collected it.  Close it
+            # here; what cannot be sent is dropped with the connection.
+            wfile = getattr(self, "wfile", None)
+            if wfile is not None:
+                try:
+                    wfile.close()
+                except OSError:
+                    pass
+            super().close()
+
+    class _ReadableFirst(wsgi.Server):
+        def process_conn(self, conn):
+            # On cheroot's accepting thread.  A new connection waits in
+            # the selector until it sends something (idle ones are
+            # closed after `timeout` there), not on a request thread.
+            if not getattr(conn, "fastdispatch_readable", False):
+                conn.fastdispatch_readable = True
+                self._connections.put(conn)
+                return
+            try:
+                self.requests.put(conn)
+            except queue.Full:
+                # Every thread busy and the queue full: 503 and close it
+                # now (cheroot's own 503 leaves the socket open until its
+                # file objects are collected: the client goes on sending).
+                _refuse(conn)
+
+    return _DeadlineConnection, _ReadableFirst
+
+
 class Server:
     """cheroot serving a WSGI ``app`` on a thread of its own, with the
     limits of the module docstring.  ``.port`` is the bound port; ``.cut``
@@ -184,61 +242,15 @@ class Server:
             raise ValueError("threads must be an int in [1, 1024], got %r" % (threads,))
         request_timeout, max_header_bytes = check_limits(request_timeout, max_header_bytes)
         self.cut = 0  # written by request threads; a count for tests and metrics
-        outer = self
-
-        class _DeadlineConnection(cheroot_server.HTTPConnection):
-            def communicate(self):
-                call = _http._watchdog.arm(time.monotonic() + request_timeout)
-                _http._watchdog.attach(call, _Cuttable(self.socket))
-                _current.call = call
-                try:
-                    return super().communicate()
-                finally:
-                    if getattr(_current, "call", None) is call:  # the app never ran
-                        _current.call = None
-                        _http._watchdog.disarm(call)
-                        if call.fired:
-                            outer.cut += 1
-
-            def close(self):
-                # cheroot closes the socket but not the buffered writer: an
-                # answer that could not be sent (the client gone, the
-                # connection cut at its deadline) stayed in its buffer, and
-                # the writer's finalizer flushed it into the closed socket
-                # later, raising in whatever thread collected it.  Close it
-                # here; what cannot be sent is dropped with the connection.
-                wfile = getattr(self, "wfile", None)
-                if wfile is not None:
-                    try:
-                        wfile.close()
-                    except OSError:
-                        pass
-                super().close()
-
-        class _ReadableFirst(wsgi.Server):
-            def process_conn(self, conn):
-                # On cheroot's accepting thread.  A new connection waits in
-                # the selector until it sends something (idle ones are
-                # closed after `timeout` there), not on a request thread.
-                if not getattr(conn, "fastdispatch_readable", False):
-                    conn.fastdispatch_readable = True
-                    self._connections.put(conn)
-                    return
-                try:
-                    self.requests.put(conn)
-                except queue.Full:
-                    # Every thread busy and the queue full: 503 and close it
-                    # now (cheroot's own 503 leaves the socket open until its
-                    # file objects are collected: the client goes on sending).
-                    _refuse(conn)
-
-        server = _ReadableFirst((listen, port), _BodyFirst(app, max_body, self),
-                                numthreads=threads, max=threads, server_name="fastdispatch",
-                                timeout=max(1, int(request_timeout)),
-                                accepted_queue_size=max(threads, MAX_WAITING),
-                                accepted_queue_timeout=0,
-                                request_queue_size=128)
-        server.ConnectionClass = _DeadlineConnection
+        connection_class, server_class = _cheroot_classes(cheroot_server, wsgi, request_timeout,
+                                                          self)
+        server = server_class((listen, port), _BodyFirst(app, max_body, self),
+                              numthreads=threads, max=threads, server_name="fastdispatch",
+                              timeout=max(1, int(request_timeout)),
+                              accepted_queue_size=max(threads, MAX_WAITING),
+                              accepted_queue_timeout=0,
+                              request_queue_size=128)
+        server.ConnectionClass = connection_class
         server.max_request_header_size = max_header_bytes
         server.max_request_body_size = max_body
         server.keep_alive_conn_limit = threads
@@ -342,3 +354,88 @@ class NewcomerLogging:
             self._log.removeHandler(self._handler)
             self._log.setLevel(self._level)
             self._handler = None
+
+
+def check_url_path(url_path: Any, health_port: Optional[int], health_path: str,
+                   metrics_path: str) -> None:
+    """An endpoint's ``url_path``: a path, and not health's or metrics' when
+    they are served beside it (``ValueError`` naming it)."""
+    if not isinstance(url_path, str) or not url_path.startswith("/"):
+        raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
+    if health_port is None and url_path in (health_path, metrics_path):
+        raise ValueError("url_path must differ from health_path and metrics_path")
+
+
+class Run:
+    """One run of a runner (Telegram's ``run_polling`` and ``run_webhook``,
+    Discord's ``run_interactions``) from start to report: the signals
+    (:class:`Stopper`), what ``/healthz`` says (``state``), the log lines
+    of a program that configured no logging (:class:`NewcomerLogging`),
+    and the servers it started.  ``with Run(...) as run:`` stops the
+    servers and puts the rest back on the way out, whatever happened."""
+
+    def __init__(self, mode: str, stop: Optional[threading.Event], handle_signals: bool,
+                 log: logging.Logger) -> None:
+        self.log = log
+        self.stopper = Stopper(stop, handle_signals, log)
+        self.newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
+        self.state = {"running": True, "mode": mode}
+        self._servers: list = []
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.state["running"] = False
+        self.stopper.restore()
+        for server in self._servers:
+            server.stop()
+        self.newcomer.restore()
+
+    def serve(self, intake: Callable, metrics_text: Callable[[], bytes], listen: str,
+              port: int, threads: int, *, url_path: str, health_path: str,
+              metrics_path: str, health_port: Optional[int], health_listen: str,
+              request_timeout: float, max_body: int, max_header_bytes: int,
+              ssl_certfile: Optional[str], ssl_keyfile: Optional[str], name: str) -> Server:
+        """Serve the WSGI app ``intake`` at ``url_path`` on ``listen:port``,
+        with health and metrics beside it, or, with ``health_port``, on a
+        listener of their own (:meth:`serve_health`)."""
+        beside = (None, None) if health_port is not None else (health_path, metrics_path)
+        server = self._started(Server(
+            service_app(self.state, intake, url_path, *beside, metrics_text),
+            listen, port, threads, max_body=max_body, request_timeout=request_timeout,
+            max_header_bytes=max_header_bytes, ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile, name=name))
+        if health_port is not None:
+            self.serve_health(metrics_text, health_listen, health_port, request_timeout,
+                              health_path, metrics_path)
+        return server
+
+    def serve_health(self, metrics_text: Callable[[], bytes], listen: str, port: int,
+                     request_timeout: float, health_path: str = "/healthz",
+                     metrics_path: str = "/metrics") -> Server:
+        """Health and metrics on a listener of their own (:func:`health_server`)."""
+        app = service_app(self.state, None, None, health_path, metrics_path, metrics_text)
+        return self._started(health_server(app, listen, port, request_timeout, self.log,
+                                           "%s and %s" % (health_path, metrics_path)))
+
+    def _started(self, server: Server) -> Server:
+        self._servers.append(server)
+        return server
+
+    def wait(self, alive: Callable[[], bool]) -> None:
+        """Block until a signal or ``stop`` (or until ``alive()`` turns
+        False); from then on ``/healthz`` answers 503 ``draining``."""
+        self.stopper.wait(alive)
+        self.state["running"] = False
+
+    def drain_web(self, engine: Any, server: Server, app: Any, drain_timeout: Optional[float],
+                  intake: Any = None) -> ShutdownReport:
+        """A web endpoint's end: wait until stopped (or until ``server``
+        stops by itself), close ``app`` (503 to what comes from now on),
+        then drain ``engine`` (``intake``'s counts in the report)."""
+        self.wait(lambda: server.alive)
+        error = None if server.alive else "the web server stopped"
+        app.close()
+        return drain_engine(engine, drain_timeout, intake=intake, force=self.stopper.force,
+                            error=error, log=self.log)

@@ -15,7 +15,8 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
-from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
+from .._drain import exit_status
+from .._serve import Run, check_url_path
 from ._intake import interactions_app
 
 __all__ = ["run_interactions"]
@@ -41,11 +42,6 @@ def _metrics_text(state, app, dispatcher):
             lines.append('fastdispatch_discord_replies_total{outcome="%s"} %d'
                          % (key, getattr(s, key)))
     return ("\n".join(lines) + "\n").encode()
-
-
-def _service_app(state, app, dispatcher, url_path, health_path, metrics_path):
-    return service_app(state, app, url_path, health_path, metrics_path,
-                       lambda: _metrics_text(state, app, dispatcher))
 
 
 def run_interactions(engine: Any, sender: Any, *, public_key: str, port: int,
@@ -79,44 +75,18 @@ def run_interactions(engine: Any, sender: Any, *, public_key: str, port: int,
     logging is configured) and ``on_shutdown(report)`` gets the
     ``ShutdownReport``.
     """
-    from ..telegram._run import drain_engine  # the engine's drain, whatever the platform
-    if not isinstance(url_path, str) or not url_path.startswith("/"):
-        raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
-    if health_port is None and url_path in (health_path, metrics_path):
-        raise ValueError("url_path must differ from health_path and metrics_path")
+    check_url_path(url_path, health_port, health_path, metrics_path)
     app = interactions_app(engine, sender, public_key=public_key, max_body=max_body,
                            max_age=max_age)
-    newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
-    stopper = Stopper(stop, handle_signals, _log)
-    state = {"running": True, "mode": "interactions"}
-    server = health = None
-    try:
-        beside = (None, None) if health_port is not None else (health_path, metrics_path)
-        server = Server(_service_app(state, app, engine.dispatcher, url_path, *beside),
-                        listen, port, threads, max_body=max_body,
-                        request_timeout=request_timeout, max_header_bytes=max_header_bytes,
-                        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
-                        name="fastdispatch-interactions-server")
-        if health_port is not None:
-            health = health_server(_service_app(state, app, engine.dispatcher, None,
-                                                health_path, metrics_path),
-                                   health_listen, health_port, request_timeout, _log,
-                                   "%s and %s" % (health_path, metrics_path))
+    with Run("interactions", stop, handle_signals, _log) as run:
+        server = run.serve(app, lambda: _metrics_text(run.state, app, engine.dispatcher),
+                           listen, port, threads, url_path=url_path, health_path=health_path,
+                           metrics_path=metrics_path, health_port=health_port,
+                           health_listen=health_listen, request_timeout=request_timeout,
+                           max_body=max_body, max_header_bytes=max_header_bytes,
+                           ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                           name="fastdispatch-interactions-server")
         _log.info("interactions endpoint on http://%s:%d%s (SIGTERM or SIGINT to stop)",
                   listen, server.port, url_path)
-        stopper.wait(lambda: server.alive)
-        state["running"] = False
-        error = None if server.alive else "the web server stopped"
-        app.close()
-        report = drain_engine(engine, drain_timeout, force=stopper.force, error=error)
-    finally:
-        state["running"] = False
-        stopper.restore()
-        for s in (server, health):
-            if s is not None:
-                s.stop()
-        newcomer.restore()
-    if on_shutdown is not None:
-        on_shutdown(report)
-    return report.exit_code
-
+        report = run.drain_web(engine, server, app, drain_timeout)
+    return exit_status(report, on_shutdown)

@@ -21,6 +21,7 @@ import threading
 from time import monotonic
 from typing import Any, Dict, List, Optional
 
+from .._drain import drain_engine
 from .._errors import RetryAfter
 from .._netnum import parse_int
 from ..platform import ChatInfo, Event, SenderInfo
@@ -439,6 +440,10 @@ class TelegramPoller:
             if conn is not None:
                 conn.close()
 
+    def _shutdown_counts(self):
+        # drain_engine's report: (handled, lost, unconfirmed).
+        return self.handled, self.lost_replies, self.pending
+
     def __enter__(self) -> "TelegramPoller":
         return self.start()
 
@@ -760,9 +765,13 @@ class WebhookApp:
         ``timeout`` seconds (what is left then is cancelled), log one line
         with the counts and return the :class:`ShutdownReport`
         (``.exit_code`` is non-zero if a reply was dropped)."""
-        from ._run import drain_engine
         self.close()
         return drain_engine(self.engine, timeout, intake=self)
+
+    def _shutdown_counts(self):
+        # drain_engine's report: (handled, lost, unconfirmed).
+        with self._lock:
+            return self.stats["handled"], self.stats["lost_replies"], 0
 
     def __call__(self, environ, start_response):
         try:

@@ -1,5 +1,6 @@
 """Running a bot as a service: :func:`run_polling`, :func:`run_webhook` and
-:func:`drain_engine`.
+:func:`drain_engine` (which lives in ``fastdispatch._drain``, shared with the
+intakes and the other platforms' runners).
 
 Every deploy stops the bot's process, so stopping is part of running.  Both
 helpers block until SIGTERM or SIGINT (or until ``stop``, a
@@ -39,128 +40,17 @@ import logging
 import secrets
 import threading
 from time import monotonic
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, List, Optional
 
+from .._drain import ShutdownReport, check_drain_timeout, drain_engine, exit_status
 from .._http import scrub_secrets
-from .._serve import NewcomerLogging, Server, Stopper, health_server, service_app
+from .._serve import Run, check_url_path
 from ._intake import DEFAULT_MAX_PENDING, TelegramPoller, WebhookApp, webhook_app
 from ._sender import TelegramSender
 
 __all__ = ["run_polling", "run_webhook", "drain_engine", "ShutdownReport"]
 
 _log = logging.getLogger("fastdispatch.telegram")
-
-
-def _Stopper(stop, handle_signals):
-    return Stopper(stop, handle_signals, _log)
-
-
-class ShutdownReport(NamedTuple):
-    """What a shutdown left behind (logged as one line; :attr:`exit_code`).
-
-    - ``handled``: updates the intake gave to the engine;
-    - ``sent``, ``failed``: replies sent, and failed for good (platform
-      errors, retries used up, timeouts), over the dispatcher's life;
-    - ``dropped``: replies still queued or running at the deadline,
-      cancelled (never sent);
-    - ``lost``: replies refused (``QueueFull``) for updates that were
-      answered all the same (they had other replies queued);
-    - ``unconfirmed``: polling only: updates left unconfirmed because their
-      replies were dropped; Telegram delivers them again to the next process;
-    - ``seconds``: how long the drain took; ``error``: why the intake
-      stopped by itself (e.g. 409 Conflict), or None.
-    """
-
-    handled: int
-    sent: int
-    failed: int
-    dropped: int
-    lost: int
-    unconfirmed: int
-    seconds: float
-    error: Optional[str]
-
-    @property
-    def exit_code(self) -> int:
-        """0: every reply went out (or failed for good); 1: some were
-        dropped or lost; 2: the intake failed."""
-        if self.error is not None:
-            return 2
-        return 1 if self.dropped or self.lost else 0
-
-
-def _intake_counts(intake):
-    if isinstance(intake, WebhookApp):
-        with intake._lock:
-            return intake.stats["handled"], intake.stats["lost_replies"]
-    if isinstance(intake, TelegramPoller):
-        return intake.handled, intake.lost_replies
-    return 0, 0
-
-
-def _dispatcher_counts(dispatcher):
-    stats = getattr(dispatcher, "stats", None)
-    if not callable(stats):
-        return None
-    s = stats()
-    ended = s.completed + s.failed + s.discarded + s.cancelled + s.timed_out
-    return s.completed, s.failed + s.timed_out + s.discarded, s.submitted - ended
-
-
-def drain_engine(engine: Any, timeout: Optional[float] = 30.0, *, intake: Any = None,
-                 on_deadline: Optional[Callable[[], Any]] = None,
-                 force: Optional[threading.Event] = None,
-                 error: Optional[str] = None) -> ShutdownReport:
-    """Shut ``engine`` down, giving its queued replies ``timeout`` seconds
-    (None: as long as they take); then cancel what is left, log one line
-    with the counts and return the :class:`ShutdownReport`.
-
-    ``intake``: the :class:`WebhookApp` or :class:`TelegramPoller` whose
-    counts go into the report (stop it first).  ``on_deadline``: called
-    when the deadline passed, before anything is cancelled (the poller's
-    ``freeze``).  ``force``: an Event that, once set, ends the wait early.
-    """
-    timeout = _check_drain_timeout(timeout)
-    dispatcher = getattr(engine, "dispatcher", None)
-    started = monotonic()
-    if force is None:
-        finished = bool(engine.shutdown(timeout))
-    else:
-        result: List[bool] = []
-        helper = threading.Thread(target=lambda: result.append(bool(engine.shutdown(timeout))),
-                                  name="fastdispatch-drain", daemon=True)
-        helper.start()
-        while helper.is_alive() and not force.wait(0.05):
-            pass
-        helper.join(0 if force.is_set() else None)
-        finished = bool(result and result[0])
-    seconds = monotonic() - started
-    dropped = 0
-    if not finished:
-        counts = _dispatcher_counts(dispatcher)
-        # Without stats() the number is unknown; at least one was left.
-        dropped = counts[2] if counts is not None else 1
-        if on_deadline is not None:
-            on_deadline()
-        force_close = getattr(dispatcher, "force_close", None)
-        if callable(force_close):
-            force_close()
-    counts = _dispatcher_counts(dispatcher)
-    sent, failed = (counts[0], counts[1]) if counts is not None else (0, 0)
-    handled, lost = _intake_counts(intake)
-    unconfirmed = intake.pending if isinstance(intake, TelegramPoller) else 0
-    report = ShutdownReport(handled, sent, failed, dropped, lost, unconfirmed, seconds, error)
-    deadline = "no deadline" if timeout is None else "the %.1f s deadline" % timeout
-    line = ("shutdown: %sreplies: %d sent, %d failed, %d dropped at %s, "
-            "%d refused and lost%s; drained in %.1f s -> exit %d" % (
-                "" if intake is None else "%d updates handled; " % report.handled,
-                report.sent, report.failed, report.dropped, deadline,
-                report.lost, "; %d updates left to Telegram to deliver again" % unconfirmed
-                if unconfirmed else "", seconds, report.exit_code))
-    if error is not None:
-        line += " (%s)" % error
-    (_log.info if report.exit_code == 0 else _log.error)(line)
-    return report
 
 
 # -- health and metrics --------------------------------------------------------------
@@ -216,10 +106,9 @@ def _metrics_text(state, intake, dispatcher):
     return ("\n".join(lines) + "\n").encode()
 
 
-def _service_app(state, intake, dispatcher, url_path=None, health_path="/healthz",
-                 metrics_path="/metrics", metrics=None):
-    """The WSGI app the helpers serve: the webhook at ``url_path``, health
-    and metrics beside it, 404 elsewhere."""
+def _metrics_source(state, intake, dispatcher, metrics=None):
+    """What ``/metrics`` serves: the counts of ``intake`` and ``dispatcher``,
+    and the text of ``metrics`` (a prometheus_client registry) after them."""
 
     def metrics_text():
         body = _metrics_text(state, intake, dispatcher)
@@ -228,7 +117,7 @@ def _service_app(state, intake, dispatcher, url_path=None, health_path="/healthz
             body += generate_latest(metrics)
         return body
 
-    return service_app(state, intake, url_path, health_path, metrics_path, metrics_text)
+    return metrics_text
 
 
 def _call_bot_api(sender, method, params):
@@ -239,16 +128,6 @@ def _call_bot_api(sender, method, params):
         raise
 
 
-def _check_drain_timeout(drain_timeout):
-    if drain_timeout is None:
-        return None
-    if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, (int, float)) or \
-            not 0 <= drain_timeout <= 86400:
-        raise ValueError("drain_timeout must be None or seconds in [0, 86400], got %r"
-                         % (drain_timeout,))
-    return float(drain_timeout)
-
-
 def _check_parts(engine, sender):
     if not isinstance(sender, TelegramSender):
         raise TypeError("sender must be a TelegramSender")
@@ -256,19 +135,32 @@ def _check_parts(engine, sender):
         raise TypeError("engine must have a process_event(event, sender, capabilities) method")
 
 
-def _wind_up(state, stopper, servers, newcomer):
-    state["running"] = False
-    stopper.restore()
-    for server in servers:
-        if server is not None:
-            server.stop()
-    newcomer.restore()
+def _stored_first(outbox, sender):
+    """``sender``, or with an ``outbox`` one that stores each reply in it
+    first (``fastdispatch.outbox._telegram``)."""
+    if outbox is None:
+        return sender
+    from ..outbox._telegram import durable_sender
+    return durable_sender(outbox, sender)
 
 
-def _reported(report, on_shutdown):
-    if on_shutdown is not None:
-        on_shutdown(report)
-    return report.exit_code
+def _set_webhook(sender, webhook_url, secret_token, drop_pending_updates, allowed_updates,
+                 max_connections):
+    params = {"url": webhook_url, "secret_token": secret_token,
+              "drop_pending_updates": bool(drop_pending_updates)}
+    if allowed_updates is not None:
+        params["allowed_updates"] = list(allowed_updates)
+    if max_connections is not None:
+        params["max_connections"] = max_connections
+    _call_bot_api(sender, "setWebhook", params)
+
+
+def _delete_webhook(sender, drop_pending_updates):
+    try:
+        _call_bot_api(sender, "deleteWebhook",
+                      {"drop_pending_updates": bool(drop_pending_updates)})
+    except Exception:
+        pass  # logged; polling meets the 409 if a webhook is really still set
 
 
 # -- the helpers -----------------------------------------------------------------
@@ -308,43 +200,29 @@ def run_polling(engine: Any, sender: TelegramSender, *, poll_timeout: float = 30
     (a crash loses none of them: the next run sends them).
     """
     _check_parts(engine, sender)
-    drain_timeout = _check_drain_timeout(drain_timeout)
-    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
-        from ..outbox._telegram import durable_sender
-        sender = durable_sender(outbox, sender)
+    drain_timeout = check_drain_timeout(drain_timeout)
+    sender = _stored_first(outbox, sender)
     poller = TelegramPoller(sender, engine, poll_timeout, limit=limit,
                             allowed_updates=allowed_updates, on_conflict=on_conflict,
                             max_pending=max_pending)
-    newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
-    stopper = _Stopper(stop, handle_signals)
-    state = {"running": True, "mode": "polling"}
-    server = None
-    try:
+    with Run("polling", stop, handle_signals, _log) as run:
         if health_port is not None:
-            server = health_server(_service_app(state, poller, engine.dispatcher,
-                                                metrics=metrics),
-                                   health_listen, health_port, request_timeout, _log)
+            run.serve_health(_metrics_source(run.state, poller, engine.dispatcher, metrics),
+                             health_listen, health_port, request_timeout)
         if delete_webhook or drop_pending_updates:
-            try:
-                _call_bot_api(sender, "deleteWebhook",
-                              {"drop_pending_updates": bool(drop_pending_updates)})
-            except Exception:
-                pass  # the poller meets the 409 if a webhook is really still set
+            _delete_webhook(sender, drop_pending_updates)
         poller.start()
         _log.info("polling for updates (SIGTERM or SIGINT to stop)")
-        stopper.wait(lambda: poller.running)
-        state["running"] = False
+        run.wait(lambda: poller.running)
         started = monotonic()
         poller.stop(drain_timeout)  # the update in hand finishes first
         if drain_timeout is not None:
             drain_timeout = max(0.0, drain_timeout - (monotonic() - started))
         error = None if poller.error is None else str(poller.error)
         report = drain_engine(engine, drain_timeout, intake=poller, on_deadline=poller.freeze,
-                              force=stopper.force, error=error)
+                              force=run.stopper.force, error=error)
         poller.confirm()
-    finally:
-        _wind_up(state, stopper, (server,), newcomer)
-    return _reported(report, on_shutdown)
+    return exit_status(report, on_shutdown)
 
 
 def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1",
@@ -394,56 +272,27 @@ def run_webhook(engine: Any, sender: TelegramSender, *, listen: str = "127.0.0.1
     them).
     """
     _check_parts(engine, sender)
-    drain_timeout = _check_drain_timeout(drain_timeout)
-    if outbox is not None:  # replies stored first: fastdispatch.outbox._telegram
-        from ..outbox._telegram import durable_sender
-        sender = durable_sender(outbox, sender)
-    if not isinstance(url_path, str) or not url_path.startswith("/"):
-        raise ValueError("url_path must be a path starting with '/', got %r" % (url_path,))
-    if health_port is None and url_path in (health_path, metrics_path):
-        raise ValueError("url_path must differ from health_path and metrics_path")
+    drain_timeout = check_drain_timeout(drain_timeout)
+    check_url_path(url_path, health_port, health_path, metrics_path)
+    sender = _stored_first(outbox, sender)
     if secret_token is None and webhook_url is not None:
         secret_token = secrets.token_urlsafe(32)  # only [A-Za-z0-9_-]: what Telegram takes
-    newcomer = NewcomerLogging(logging.getLogger("fastdispatch"))
     app = webhook_app(engine, sender, secret_token, max_body=max_body, remember=remember,
                       remember_seconds=remember_seconds, max_pending=max_pending)
-    stopper = _Stopper(stop, handle_signals)
-    state = {"running": True, "mode": "webhook"}
-    server = health = None
-    try:
-        beside = (None, None) if health_port is not None else (health_path, metrics_path)
-        server = Server(_service_app(state, app, engine.dispatcher, url_path, *beside,
-                                     metrics=metrics),
-                        listen, port, threads, max_body=max_body,
-                        request_timeout=request_timeout, max_header_bytes=max_header_bytes,
-                        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
-                        name="fastdispatch-webhook-server")
-        if health_port is not None:
-            health = health_server(_service_app(state, app, engine.dispatcher, None,
-                                                health_path, metrics_path, metrics),
-                                   health_listen, health_port, request_timeout, _log,
-                                   "%s and %s" % (health_path, metrics_path))
+    with Run("webhook", stop, handle_signals, _log) as run:
+        server = run.serve(app, _metrics_source(run.state, app, engine.dispatcher, metrics),
+                           listen, port, threads, url_path=url_path, health_path=health_path,
+                           metrics_path=metrics_path, health_port=health_port,
+                           health_listen=health_listen, request_timeout=request_timeout,
+                           max_body=max_body, max_header_bytes=max_header_bytes,
+                           ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                           name="fastdispatch-webhook-server")
         if webhook_url is not None:
-            params = {"url": webhook_url, "secret_token": secret_token,
-                      "drop_pending_updates": bool(drop_pending_updates)}
-            if allowed_updates is not None:
-                params["allowed_updates"] = list(allowed_updates)
-            if max_connections is not None:
-                params["max_connections"] = max_connections
-            _call_bot_api(sender, "setWebhook", params)
+            _set_webhook(sender, webhook_url, secret_token, drop_pending_updates,
+                         allowed_updates, max_connections)
         _log.info("webhook on http://%s:%d%s (SIGTERM or SIGINT to stop)", listen, server.port,
                   scrub_secrets(url_path))  # a path may be made of the token
-        stopper.wait(lambda: server.alive)
-        state["running"] = False
-        error = None if server.alive else "the web server stopped"
-        app.close()
-        report = drain_engine(engine, drain_timeout, intake=app, force=stopper.force,
-                              error=error)
+        report = run.drain_web(engine, server, app, drain_timeout, intake=app)
         if delete_webhook_on_exit:
-            try:
-                _call_bot_api(sender, "deleteWebhook", {"drop_pending_updates": False})
-            except Exception:
-                pass
-    finally:
-        _wind_up(state, stopper, (server, health), newcomer)
-    return _reported(report, on_shutdown)
+            _delete_webhook(sender, False)
+    return exit_status(report, on_shutdown)
