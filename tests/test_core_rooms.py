@@ -813,24 +813,33 @@ def check_sizes(cores, class_lines=CLASS_LINES, function_lines=FUNCTION_LINES):
 
 
 def subclass_names(path):
-    """Names the dispatcher class in ``_dispatcher.py`` defines on top of the core:
-    the methods and ``self.x = ...`` attributes of the class built on
-    ``core.DispatcherCore`` and of its bases defined in that file."""
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    """Names the dispatcher classes define on top of the core: the methods and
+    ``self.x = ...`` attributes of each class built on ``DispatcherCore`` in
+    ``_dispatcher.py`` or its per-core modules (``_dispatcher_*.py``), and of
+    its bases defined there (``_Lifecycle``)."""
+    folder = os.path.dirname(path)
+    classes = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("_dispatcher") and name.endswith(".py"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read(), name)
+            classes.update({node.name + "@" + name: node for node in ast.walk(tree)
+                            if isinstance(node, ast.ClassDef)})
+    by_name = {}
+    for key, node in classes.items():
+        by_name.setdefault(node.name, []).append(node)
     todo = [node for node in classes.values()
             if any(ast.unparse(b).endswith("DispatcherCore") for b in node.bases)]
     names = set()
     seen = set()
     while todo:
         node = todo.pop()
-        if node.name in seen:
+        if id(node) in seen:
             continue
-        seen.add(node.name)
+        seen.add(id(node))
         for b in node.bases:
-            if isinstance(b, ast.Name) and b.id in classes:
-                todo.append(classes[b.id])
+            if isinstance(b, ast.Name) and b.id in by_name:
+                todo.extend(by_name[b.id])
         for item in ast.walk(node):
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item in node.body:
                 names.add(item.name)
@@ -1161,8 +1170,10 @@ def test_check_finds_a_misspelt_name_in_the_twin(tmp_path):
 def _real_copy(tmp_path):
     if not os.path.exists(os.path.join(SRC, "_ringbuf.pyx")):
         pytest.skip("needs the source checkout (src/fastdispatch/_ringbuf.pyx, _core/)")
-    for name in ("_ringbuf.pyx", "_core_py.py", "_dispatcher.py"):
-        shutil.copy(os.path.join(SRC, name), tmp_path / name)
+    for name in os.listdir(SRC):
+        if name in ("_ringbuf.pyx", "_core_py.py") or (
+                name.startswith("_dispatcher") and name.endswith(".py")):
+            shutil.copy(os.path.join(SRC, name), tmp_path / name)
     shutil.copytree(os.path.join(SRC, "_core"), tmp_path / "_core",
                     ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
@@ -1186,3 +1197,40 @@ def test_check_finds_drift_planted_in_the_real_cores(tmp_path):
     assert len(problems) == 2, problems
     assert "'_panic' is in the compiled core only" in problems[0], problems
     assert "'_panicked' is in the twin only" in problems[1], problems
+
+
+_PUBLIC_DEF = re.compile(r'^( +)(?:async\s+)?def ([a-z]\w*)\([^)]*\)[^:]*:\s*\n\1    (?:r?"""(.*?)""")?',
+                         re.M | re.S)
+
+
+def public_docstrings(text):
+    """{method name: its docstring, whitespace folded} for the public ``def``s of a room."""
+    return {m.group(2): " ".join((m.group(3) or "").split()) for m in _PUBLIC_DEF.finditer(text)}
+
+
+def test_public_methods_say_the_same_in_both_cores():
+    # What a user reads in help() is the same whichever core was built.
+    if not os.path.isdir(os.path.join(SRC, "_core")):
+        pytest.skip("needs the source checkout (src/fastdispatch/_core/)")
+    differ = []
+    for name in sorted(os.listdir(os.path.join(SRC, "_core"))):
+        if not name.endswith(".pxi"):
+            continue
+        twin = os.path.join(SRC, "_core", name[:-4] + ".py")
+        if not os.path.exists(twin):
+            continue
+        with open(os.path.join(SRC, "_core", name), encoding="utf-8") as f:
+            compiled = public_docstrings(f.read())
+        with open(twin, encoding="utf-8") as f:
+            pure = public_docstrings(f.read())
+        differ += ["_core/%s: %s" % (name[:-4], method) for method in sorted(set(compiled) & set(pure))
+                   if compiled[method] != pure[method]]
+    assert not differ, ("a public method's docstring differs between the two cores "
+                        "(make them the same): %s" % differ)
+
+
+def test_public_docstring_check_sees_a_difference():
+    one = 'class A:\n    def submit(self, x):\n        """Queue it."""\n        return 1\n'
+    two = 'class A:\n    def submit(self, x):\n        """Queue it now."""\n        return 1\n'
+    assert public_docstrings(one) == {"submit": "Queue it."}
+    assert public_docstrings(one) != public_docstrings(two)
