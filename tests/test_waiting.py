@@ -103,9 +103,11 @@ def test_nobody_jumps_the_line(make_dispatcher):
     # by the task that just left, from inside it), finds no room.
     d = make_dispatcher(queue_size=1)
     gate = threading.Event()
+    started = threading.Event()
     results = []
 
     def first(sc):
+        started.set()
         gate.wait(WAIT)
 
     def second(sc):
@@ -117,6 +119,7 @@ def test_nobody_jumps_the_line(make_dispatcher):
             results.append("refused")
 
     d.submit(1, first)
+    assert started.wait(WAIT)          # out of the ring: room for one
     d.submit(1, second)
     waiter = threading.Thread(target=lambda: d.submit(
         1, lambda sc: results.append("waiter"), block=True))
@@ -506,10 +509,12 @@ def test_a_wait_that_would_hold_every_slot_is_refused(make_dispatcher):
 def test_a_wait_that_would_close_a_cycle_is_refused_and_others_end(make_dispatcher):
     d = make_dispatcher(queue_size=1, max_inflight=4)
     a_may_go = threading.Event()
+    a_started = threading.Event()
     b_waits = threading.Event()
     got = []
 
     def a1(sc):
+        a_started.set()
         assert a_may_go.wait(WAIT)
         try:
             d.submit("b", lambda sc: got.append("b3"), block=True)
@@ -523,6 +528,7 @@ def test_a_wait_that_would_close_a_cycle_is_refused_and_others_end(make_dispatch
         got.append("b1 got in")
 
     d.submit("a", a1)
+    assert a_started.wait(WAIT)                              # out of the ring
     d.submit("a", lambda sc: got.append("a2"))               # "a" is full now
     d.submit("b", b1)
     assert b_waits.wait(WAIT)
