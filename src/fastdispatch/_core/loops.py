@@ -3,8 +3,10 @@
 A chat whose next task is a coroutine runs on that task's loop: the chat
 is handed over (``_hand_to_loop``) and driven there by the same drain
 loop as a worker's (``_loop_step``).  ``_start_async`` starts the task in
-its caller's context; ``_aio_done`` ends it from the loop; cancelling the
-caller cancels the running attempt.  A loop that stops or closes with
+its caller's context and hands its coroutine to that caller, which runs it
+in its own asyncio Task (``_Driven``) and then ends it (``_aio_ended``);
+other awaitables get a Task whose done-callback (``_aio_done``) ends them.
+Cancelling the caller cancels the running attempt (``_caller_gone``).  A loop that stops or closes with
 work of this dispatcher is found by the timer (``_check_loops_locked``):
 a hand-off never taken goes back to the workers, the tasks of a closed
 loop end with an error (``_end_on_closed_loop``).  Handoffs and each
