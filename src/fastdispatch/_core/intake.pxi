@@ -80,23 +80,44 @@ cdef class _Intake(_LoopHandoff):
         future = loop.create_future()
         self._async_used = True
         item = self._enqueue(chat_id, task, future, loop, block, _copy_context())
-        if type(item) is _Waiter:
-            waiter = item
-            item = (<_Waiter>waiter).item
-            await self._await_room(waiter, timeout, future)
+        cdef bint suspended = False
+        cdef _Driven driven
         try:
-            if future.done():
-                # Its task ended in this call (it returned no awaitable):
-                # still let the loop run others once, as before the chat
-                # started here, so that a loop of such calls cannot starve
-                # them.
+            if type(item) is _Waiter:
+                waiter = item
+                item = (<_Waiter>waiter).item
+                await self._await_room(waiter, timeout, future)
+                suspended = True
+            while True:
+                if future.done():
+                    outcome = future.result()
+                else:
+                    suspended = True
+                    outcome = await future
+                if type(outcome) is not _Driven:
+                    break
+                # Its attempt started: the outcome goes to ``out``; a
+                # coroutine is run here, in this Task (see _Driven).
+                driven = <_Driven>outcome
+                future = driven.out
+                if driven.coro is not None:
+                    result, error, cancelled, waited = await driven
+                    (<DispatcherCore>self)._aio_ended(item, result, error, cancelled)
+                    if _caller_cancelled(driven):
+                        raise _asyncio.CancelledError()
+                    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                        raise error
+                    suspended = suspended or waited
+            if not suspended:
+                # Its task ended in this call without waiting: still let the
+                # loop run others once, so that a loop of such calls cannot
+                # starve them.
                 await _asyncio.sleep(0)
-            return await future
+            return outcome
         except _asyncio.CancelledError:
             # The caller cancelled its await: the attempt running now (if
             # any) is cancelled too; one not started yet is skipped.
-            if future.cancelled():
-                _cancel_aio(item)
+            (<DispatcherCore>self)._caller_gone(item, future)
             raise
 
     cdef object _enqueue(self, object chat_id, object task, object future,

@@ -16,7 +16,7 @@ from .._types import _checked_wait, Future
 
 from . import constants
 from .chats import _chat_key, _Waiter
-from .items import _cancel_aio, _new_item
+from .items import _caller_cancelled, _Driven, _new_item
 from .loops import _LoopHandoff
 
 
@@ -163,20 +163,39 @@ class _Intake(_LoopHandoff):
         future = loop.create_future()
         self._async_used = True
         item = self._enqueue(chat_id, task, future, loop, block, contextvars.copy_context())
-        if type(item) is _Waiter:
-            waiter, item = item, item.item
-            await self._await_room(waiter, timeout, future)
+        suspended = False
         try:
-            if future.done():
-                # Its task ended in this call (it returned no awaitable):
-                # still let the loop run others once, as before the chat
-                # started here, so that a loop of such calls cannot starve
-                # them.
+            if type(item) is _Waiter:
+                waiter, item = item, item.item
+                await self._await_room(waiter, timeout, future)
+                suspended = True
+            while True:
+                if future.done():
+                    outcome = future.result()
+                else:
+                    suspended = True
+                    outcome = await future
+                if type(outcome) is not _Driven:
+                    break
+                # Its attempt started: the outcome goes to ``out``; a
+                # coroutine is run here, in this Task (see _Driven).
+                future = outcome.out
+                if outcome.coro is not None:
+                    result, error, cancelled, waited = await outcome
+                    self._aio_ended(item, result, error, cancelled)
+                    if _caller_cancelled(outcome):
+                        raise constants._asyncio.CancelledError()
+                    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                        raise error
+                    suspended = suspended or waited
+            if not suspended:
+                # Its task ended in this call without waiting: still let the
+                # loop run others once, so that a loop of such calls cannot
+                # starve them.
                 await constants._asyncio.sleep(0)
-            return await future
+            return outcome
         except constants._asyncio.CancelledError:
             # The caller cancelled its await: the attempt running now (if
             # any) is cancelled too; one not started yet is skipped.
-            if future.cancelled():
-                _cancel_aio(item)
+            self._caller_gone(item, future)
             raise

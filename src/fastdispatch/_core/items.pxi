@@ -226,3 +226,90 @@ def _cancel_aio(SendContext item):
     aio = item._aio
     if aio is not None:
         aio.cancel()
+
+
+# Whether a coroutine task is driven by its caller (_Driven): only where a
+# Task can say whether its own cancellation stands (``Task.cancelling``,
+# 3.11); before, each attempt gets an asyncio Task of its own.
+cdef bint _DRIVES = sys.version_info >= (3, 11)
+
+
+@cython.final
+cdef class _Driven:
+    """A coroutine task's attempt, driven by its own caller (G17, G26).
+
+    See _core/items.py: ``out`` holds the outcome from the start of the
+    attempt on; ``coro`` (if the attempt returned a coroutine) is run by
+    the caller's own Task, each step in the task's context.
+    """
+
+    cdef object out
+    cdef object coro
+    cdef object ctx
+    cdef object waiting_on
+    cdef bint must_cancel
+    cdef bint cancelling
+    cdef bint driven
+    cdef Py_ssize_t cancels_before
+
+    def __init__(self, out, ctx):
+        self.out = out
+        self.ctx = ctx
+        self.cancels_before = -1
+
+    def cancel(self):
+        self.cancelling = True
+        waiting_on = self.waiting_on
+        if waiting_on is not None and waiting_on.cancel():
+            return
+        self.must_cancel = True
+
+    def __await__(self):
+        # Returns (result, error, cancelled, suspended).
+        self.driven = True
+        coro = self.coro
+        run = self.ctx.run
+        value = exc = None
+        suspended = False
+        while True:
+            if self.must_cancel:
+                self.must_cancel = False
+                exc = _asyncio.CancelledError()
+            try:
+                if exc is None:
+                    yielded = run(coro.send, value)
+                else:
+                    yielded = run(coro.throw, exc)
+            except StopIteration as stop:
+                return stop.value, None, False, suspended
+            except _asyncio.CancelledError:
+                return None, None, True, suspended
+            except BaseException as error:
+                return None, error, False, suspended
+            suspended = True
+            self.waiting_on = yielded
+            exc = None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as thrown:
+                exc = thrown
+                if type(thrown) is _asyncio.CancelledError:
+                    if self.cancelling:
+                        self.cancelling = False
+                    elif self.cancels_before < 0:
+                        # Not ours: the caller's Task was asked to cancel
+                        # (or code inside the coroutine cancels its own
+                        # Task and takes that back: see _caller_cancelled).
+                        self.cancels_before = _asyncio.current_task().cancelling() - 1
+            self.waiting_on = None
+
+
+def _caller_cancelled(_Driven driven):
+    # After a driven coroutine ended: whether a cancellation of its caller's
+    # Task reached it and still stands (one that code inside took back with
+    # ``uncancel()``, as anyio's cancel scopes do, does not count).
+    return (driven.cancels_before >= 0
+            and _asyncio.current_task().cancelling() > driven.cancels_before)

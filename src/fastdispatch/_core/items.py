@@ -8,6 +8,7 @@ loop (``_aio_set``, ``_on_loop``, ``_cancel_aio``).
 """
 
 import inspect
+import sys
 import threading
 from time import monotonic
 
@@ -219,3 +220,93 @@ def _cancel_aio(item):
     aio = item._aio
     if aio is not None:
         aio.cancel()
+
+
+# Whether a coroutine task is driven by its caller (_Driven): only where a
+# Task can say whether its own cancellation stands (``Task.cancelling``,
+# 3.11); before, each attempt gets an asyncio Task of its own.
+_DRIVES = sys.version_info >= (3, 11)
+
+
+class _Driven:
+    """A coroutine task's attempt, driven by its own caller (G17, G26).
+
+    ``asubmit``'s caller waits on a Future; when its task's attempt starts
+    (``_start_async``), that Future gets this object: ``out``, the Future
+    that now holds the outcome, and ``coro``, the coroutine the attempt
+    returned (None if it returned something else, whose end ``out`` will
+    hear).  The caller then awaits this object: the coroutine runs in the
+    caller's own asyncio Task, each step in the task's context (a copy of
+    the caller's, taken at ``asubmit``), as a per-chat ``asyncio.Lock``'s
+    holder runs its code, with no Task, Future or done-callback of its
+    own.  ``cancel()`` (a deadline, ``force_close()``) cancels what the
+    coroutine awaits, as ``Task.cancel()`` does; the caller's own
+    cancellation reaches the coroutine through its Task.
+    """
+
+    __slots__ = ("out", "coro", "ctx", "waiting_on", "must_cancel", "cancelling",
+                 "driven", "cancels_before")
+
+    def __init__(self, out, ctx):
+        self.out = out
+        self.ctx = ctx
+        self.coro = self.waiting_on = None
+        self.must_cancel = self.cancelling = self.driven = False
+        self.cancels_before = -1
+
+    def cancel(self):
+        self.cancelling = True
+        waiting_on = self.waiting_on
+        if waiting_on is not None and waiting_on.cancel():
+            return
+        self.must_cancel = True
+
+    def __await__(self):
+        # Returns (result, error, cancelled, suspended).
+        self.driven = True
+        coro = self.coro
+        run = self.ctx.run
+        value = exc = None
+        suspended = False
+        while True:
+            if self.must_cancel:
+                self.must_cancel = False
+                exc = constants._asyncio.CancelledError()
+            try:
+                if exc is None:
+                    yielded = run(coro.send, value)
+                else:
+                    yielded = run(coro.throw, exc)
+            except StopIteration as stop:
+                return stop.value, None, False, suspended
+            except constants._asyncio.CancelledError:
+                return None, None, True, suspended
+            except BaseException as error:
+                return None, error, False, suspended
+            suspended = True
+            self.waiting_on = yielded
+            exc = None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as thrown:
+                exc = thrown
+                if type(thrown) is constants._asyncio.CancelledError:
+                    if self.cancelling:
+                        self.cancelling = False
+                    elif self.cancels_before < 0:
+                        # Not ours: the caller's Task was asked to cancel
+                        # (or code inside the coroutine cancels its own
+                        # Task and takes that back: see _caller_cancelled).
+                        self.cancels_before = constants._asyncio.current_task().cancelling() - 1
+            self.waiting_on = None
+
+
+def _caller_cancelled(driven):
+    # After a driven coroutine ended: whether a cancellation of its caller's
+    # Task reached it and still stands (one that code inside took back with
+    # ``uncancel()``, as anyio's cancel scopes do, does not count).
+    return (driven.cancels_before >= 0
+            and constants._asyncio.current_task().cancelling() > driven.cancels_before)

@@ -45,15 +45,13 @@ cdef class _LoopHandoff(_Pool):
 
     cdef int _start_async(self, SendContext item, ChatQueue q, object loop) except -1:
         # On ``loop``'s thread: start one attempt of a coroutine task.
-        # _ASYNC when the awaitable it returned runs on now (its end goes on
-        # with the chat); else it ended at once, and this returns what
-        # _run does.
-        cdef object future = item._future
-        cdef object result = None
-        cdef object error = None
-        cdef object panic = None
+        # _ASYNC when its awaitable runs on now (driven by the task's
+        # caller, or a Task of its own: its end goes on with the chat); else
+        # it ended at once, and this returns what _run does.
+        cdef object go = item._future
         cdef bint forced = FD_LOAD(&self._forced) != 0
-        if forced or future.cancelled():
+        cdef int ran
+        if forced or go.cancelled():
             if q._reserved:
                 self._limiter.release(q)
             error = (Cancelled("the dispatcher was force-closed") if forced
@@ -64,9 +62,26 @@ cdef class _LoopHandoff(_Pool):
             else:
                 self._settle_started(item, error, C_CANCELLED)
             return _DONE
+        # The caller waits on ``go``; from now on the outcome goes to
+        # ``out`` (set before the task is registered as running, so that
+        # whoever settles it finds ``out``), and ``go`` tells the caller
+        # that, and what to drive (see _Driven).
+        cdef _Driven driven = _Driven(loop.create_future(), item._ctx)
+        item._future = driven.out
+        ran = self._start_driven(item, q, loop, driven)
+        if not go.done():
+            go.set_result(driven)
+        return ran
+
+    cdef int _start_driven(self, SendContext item, ChatQueue q, object loop,
+                           _Driven driven) except -1:
+        cdef object result = None
+        cdef object error = None
+        cdef object panic = None
+        cdef object aio = None
         if not self._begin(item, q, None):
             return _DONE
-        ctx = item._ctx
+        ctx = driven.ctx
         try:
             # In the caller's context (copied at asubmit), never in the
             # context of whoever started the chat's run.
@@ -76,14 +91,22 @@ cdef class _LoopHandoff(_Pool):
         except BaseException as exc:
             error = panic = exc
         if error is None and _is_awaitable(result):
-            try:
-                if PyCoro_CheckExact(result):
-                    aio = ctx.run(loop.create_task, result)
-                else:
-                    aio = ctx.run(_asyncio.ensure_future, result, loop=loop)
-            except Exception as exc:
-                error = exc
+            if _DRIVES and PyCoro_CheckExact(result):
+                # Its caller runs it (it awaits ``go``): no Task of its own.
+                driven.coro = result
+                aio = driven
             else:
+                try:
+                    if PyCoro_CheckExact(result):
+                        aio = ctx.run(loop.create_task, result)
+                    else:
+                        aio = ctx.run(_asyncio.ensure_future, result, loop=loop)
+                except Exception as exc:
+                    error = exc
+                    aio = None
+                else:
+                    aio.add_done_callback(functools.partial(self._aio_done, item))
+            if aio is not None:
                 item._aio = aio
                 with self._run_lock:
                     item._queue = q
@@ -92,7 +115,6 @@ cdef class _LoopHandoff(_Pool):
                         items = self._loop_items[loop] = set()
                         self._timer_needed_locked(<double>monotonic() + _LOOP_CHECK)
                     items.add(item)
-                aio.add_done_callback(functools.partial(self._aio_done, item))
                 return _ASYNC
         return self._end(item, q, result, error, panic, False, False, None)
 
@@ -113,21 +135,26 @@ cdef class _LoopHandoff(_Pool):
         return q
 
     def _aio_done(self, SendContext item, aio):
-        # On the loop: the awaitable of a coroutine task ended.
-        cdef int ran
-        cdef ChatQueue q = self._claim(item)
-        if q is None:
-            return
-        loop = item._loop
-        item._aio = None
-        result = error = panic = None
+        # On the loop: the Task of a coroutine task's awaitable ended.
+        result = error = None
         cancelled = aio.cancelled()
         if not cancelled:
             error = aio.exception()
             if error is None:
                 result = aio.result()
-            elif not isinstance(error, Exception):
-                panic = error
+        self._aio_ended(item, result, error, cancelled)
+
+    cdef int _aio_ended(self, SendContext item, object result, object error,
+                        bint cancelled) except -1:
+        # On the loop: the awaitable of a coroutine task ended (its Task's
+        # done-callback, or its caller that drove it).
+        cdef int ran
+        cdef ChatQueue q = self._claim(item)
+        if q is None:
+            return 0
+        loop = item._loop
+        item._aio = None
+        panic = error if error is not None and not isinstance(error, Exception) else None
         ran = self._end(item, q, result, error, panic, cancelled, False, None)
         if ran == _PANICKED:
             self._release_slot()
@@ -137,6 +164,23 @@ cdef class _LoopHandoff(_Pool):
             # chat to take it again first (and that chat to wait again).
             q._slot_held = True
             self._drain_chat(q, loop, None)
+        return 0
+
+    cdef int _caller_gone(self, SendContext item, object future) except -1:
+        # asubmit's caller was cancelled while it awaited ``future``: the
+        # attempt running now (if any) is cancelled; one handed to the
+        # caller but not driven yet ends cancelled here; one not started
+        # yet is skipped when its turn comes.
+        cdef _Driven driven
+        aio = item._aio
+        if type(aio) is _Driven:
+            driven = <_Driven>aio
+            if not driven.driven:
+                driven.coro.close()
+                self._aio_ended(item, None, None, True)
+        elif future.cancelled():
+            _cancel_aio(item)
+        return 0
 
     cdef int _end_on_closed_loop(self, SendContext item) except -1:
         # The loop of a running coroutine task is closed: its awaitable will

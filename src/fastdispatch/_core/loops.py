@@ -3,8 +3,10 @@
 A chat whose next task is a coroutine runs on that task's loop: the chat
 is handed over (``_hand_to_loop``) and driven there by the same drain
 loop as a worker's (``_loop_step``).  ``_start_async`` starts the task in
-its caller's context; ``_aio_done`` ends it from the loop; cancelling the
-caller cancels the running attempt.  A loop that stops or closes with
+its caller's context and hands its coroutine to that caller, which runs it
+in its own asyncio Task (``_Driven``) and then ends it (``_aio_ended``);
+other awaitables get a Task whose done-callback (``_aio_done``) ends them.
+Cancelling the caller cancels the running attempt (``_caller_gone``).  A loop that stops or closes with
 work of this dispatcher is found by the timer (``_check_loops_locked``):
 a hand-off never taken goes back to the workers, the tasks of a closed
 loop end with an error (``_end_on_closed_loop``).  Handoffs and each
@@ -19,7 +21,7 @@ from .._errors import Cancelled, _task_call_error
 
 from . import constants
 from .constants import _ASYNC, _DONE, _HANDOFF_CHECK, _INF, _LOOP_CHECK, _PANICKED, C_CANCELLED
-from .items import _call_in_context, _cancel_aio
+from .items import _call_in_context, _cancel_aio, _Driven, _DRIVES
 from .pool import _Pool
 
 
@@ -64,11 +66,11 @@ class _LoopHandoff(_Pool):
 
     def _start_async(self, item, q, loop):
         # On ``loop``'s thread: start one attempt of a coroutine task.
-        # _ASYNC when the awaitable it returned runs on now (its end goes on
-        # with the chat); else it ended at once, and this returns what
-        # _run does.
-        future = item._future
-        if self._forced or future.cancelled():
+        # _ASYNC when its awaitable runs on now (driven by the task's
+        # caller, or a Task of its own: its end goes on with the chat); else
+        # it ended at once, and this returns what _run does.
+        go = item._future
+        if self._forced or go.cancelled():
             if q.reserved:
                 self._limiter.release(q)
             error = (Cancelled("the dispatcher was force-closed") if self._forced
@@ -79,10 +81,23 @@ class _LoopHandoff(_Pool):
             else:
                 self._settle_started(item, error, C_CANCELLED)
             return _DONE
+        # The caller waits on ``go``; from now on the outcome goes to
+        # ``out`` (set before the task is registered as running, so that
+        # whoever settles it finds ``out``), and ``go`` tells the caller
+        # that, and what to drive (see _Driven).
+        ctx = item._ctx
+        driven = _Driven(loop.create_future(), ctx)
+        item._future = driven.out
+        ran = self._start_driven(item, q, loop, driven)
+        if not go.done():
+            go.set_result(driven)
+        return ran
+
+    def _start_driven(self, item, q, loop, driven):
         if not self._begin(item, q):
             return _DONE
         result = panic = None
-        ctx = item._ctx
+        ctx = driven.ctx
         try:
             # In the caller's context (copied at asubmit), never in the
             # context of whoever started the chat's run.
@@ -93,14 +108,22 @@ class _LoopHandoff(_Pool):
         except BaseException as exc:
             error = panic = exc
         if error is None and inspect.isawaitable(result):
-            try:
-                if inspect.iscoroutine(result):
-                    aio = ctx.run(loop.create_task, result)
-                else:
-                    aio = ctx.run(constants._asyncio.ensure_future, result, loop=loop)
-            except Exception as exc:
-                error = exc
+            if _DRIVES and inspect.iscoroutine(result):
+                # Its caller runs it (it awaits ``go``): no Task of its own.
+                driven.coro = result
+                aio = driven
             else:
+                try:
+                    if inspect.iscoroutine(result):
+                        aio = ctx.run(loop.create_task, result)
+                    else:
+                        aio = ctx.run(constants._asyncio.ensure_future, result, loop=loop)
+                except Exception as exc:
+                    error = exc
+                    aio = None
+                else:
+                    aio.add_done_callback(functools.partial(self._aio_done, item))
+            if aio is not None:
                 item._aio = aio
                 with self._run_lock:
                     item._queue = q
@@ -109,7 +132,6 @@ class _LoopHandoff(_Pool):
                         items = self._loop_items[loop] = set()
                         self._timer_needed_locked(monotonic() + _LOOP_CHECK)
                     items.add(item)
-                aio.add_done_callback(functools.partial(self._aio_done, item))
                 return _ASYNC
         return self._end(item, q, result, error, panic)
 
@@ -130,20 +152,24 @@ class _LoopHandoff(_Pool):
         return q
 
     def _aio_done(self, item, aio):
-        # On the loop: the awaitable of a coroutine task ended.
-        q = self._claim(item)
-        if q is None:
-            return
-        loop = item._loop
-        item._aio = None
-        result = error = panic = None
+        # On the loop: the Task of a coroutine task's awaitable ended.
+        result = error = None
         cancelled = aio.cancelled()
         if not cancelled:
             error = aio.exception()
             if error is None:
                 result = aio.result()
-            elif not isinstance(error, Exception):
-                panic = error
+        self._aio_ended(item, result, error, cancelled)
+
+    def _aio_ended(self, item, result, error, cancelled):
+        # On the loop: the awaitable of a coroutine task ended (its Task's
+        # done-callback, or its caller that drove it).
+        q = self._claim(item)
+        if q is None:
+            return
+        loop = item._loop
+        item._aio = None
+        panic = error if error is not None and not isinstance(error, Exception) else None
         ran = self._end(item, q, result, error, panic, cancelled)
         if ran == _PANICKED:
             self._release_slot()
@@ -153,6 +179,19 @@ class _LoopHandoff(_Pool):
             # chat to take it again first (and that chat to wait again).
             q.slot_held = True
             self._drain_chat(q, loop)
+
+    def _caller_gone(self, item, future):
+        # asubmit's caller was cancelled while it awaited ``future``: the
+        # attempt running now (if any) is cancelled; one handed to the
+        # caller but not driven yet ends cancelled here; one not started
+        # yet is skipped when its turn comes.
+        aio = item._aio
+        if type(aio) is _Driven:
+            if not aio.driven:
+                aio.coro.close()
+                self._aio_ended(item, None, None, True)
+        elif future.cancelled():
+            _cancel_aio(item)
 
     def _end_on_closed_loop(self, item):
         # The loop of a running coroutine task is closed: its awaitable will

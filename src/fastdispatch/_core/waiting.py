@@ -196,7 +196,7 @@ class _WaitingRoom(_ChatMap):
 
         A thread task: the calling thread is the worker running it; a
         coroutine task: the calling code runs in its call or its awaitable
-        (its asyncio Task and what inherits that context).  None anywhere
+        (run in the task's own context, and what inherits it).  None anywhere
         else.  A request for that chat made from there would wait for the
         very task making it: plug-ins send it inline instead.
         """
