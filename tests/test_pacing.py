@@ -260,6 +260,28 @@ def test_a_chat_with_room_for_a_burst_takes_every_other_start_of_a_busy_line(mak
         assert [s for s, _, _ in rec.starts[c]] == [0, 1]
 
 
+def test_a_burst_window_counts_each_start_from_its_answer(make_dispatcher):
+    """The platform counts a request when it arrives, at the latest when it
+    answers: in a window with room for a burst (2 per 0.3 s here), a start
+    leaves the window ``per`` after the attempt's end, not after its start,
+    so no lateness between the two lets a burst arrive too early."""
+    starts, ends = [], []
+
+    def task(sc):
+        starts.append(sc.started)
+        time.sleep(0.2)  # the request on its way and its answer
+        ends.append(time.monotonic())
+
+    d = make_dispatcher(pacing=Pacing(limit_for=lambda chat: RateLimit(2, per=0.3)))
+    for f in [d.submit("group", task) for _ in range(5)]:
+        f.result(timeout=30)
+    assert len(starts) == 5
+    for k in range(2, 5):
+        # Counted from the starts, the third would begin at 0.4 s, 0.1 s
+        # before the first's end plus the window.
+        assert starts[k] >= ends[k - 2] + 0.3, (k, starts, ends)
+
+
 # -------------------------------------------------------------------- retries
 
 def test_retry_after_runs_the_same_task_again_before_later_ones(make_dispatcher):

@@ -99,6 +99,15 @@ cdef class _Window:
         if self._len:
             self._len -= 1
 
+    cpdef restamp_newest(self, double t):
+        """Move the newest stamp to ``t`` (no earlier than it)."""
+        cdef int i
+        if self._len:
+            i = self._head + self._len - 1
+            if i >= self._cap:
+                i -= self._cap
+            self._stamps[i] = t
+
 
 @cython.final
 cdef class _Limiter(_Budgets):
@@ -413,6 +422,31 @@ cdef class _Limiter(_Budgets):
                 q._not_before = until
             if is_global and until > self._pause_until:
                 self._pause_until = until
+        return 0
+
+    cdef int answered(self, ChatQueue q) except -1:
+        """The chat's attempt has ended (its answer came): in a window
+        with room for a burst, the start now counts from here.
+
+        The platform counted the request when it arrived, somewhere between
+        the start and the answer; on a loaded machine that can be a second
+        after the start, more than any margin.  A burst window (a group's
+        20 a minute) spaced from the starts then lets the next burst reach
+        the platform too early, a 429 that costs the chat its wait; spaced
+        from the answers it cannot, and the delay is paid once per window
+        rather than once per message.  A chat runs one attempt at a time,
+        so the window's newest stamp is this attempt's (unless it was
+        refused or the window forgotten since: nothing to move then).
+        """
+        cdef _Window window
+        cdef double t
+        with self._lock:
+            window = q._stamped
+            if (window is not None and window.count > 1 and not window.dead
+                    and not self._closed and window.last() == q._last_start):
+                t = monotonic()
+                window.restamp_newest(t)
+                q._last_start = t
         return 0
 
     cdef int return_grant(self, ChatQueue q) except -1:

@@ -89,6 +89,10 @@ class _Window:
         if self.stamps:
             self.stamps.pop()
 
+    def restamp_newest(self, t):
+        """Move the newest stamp to ``t`` (no earlier than it)."""
+        self.stamps[-1] = t
+
 
 class _Limiter(_Budgets):
     """Pacing: everything that decides when a chat may start its next task.
@@ -375,6 +379,28 @@ class _Limiter(_Budgets):
                 q.not_before = until
             if is_global and until > self.pause_until:
                 self.pause_until = until
+
+    def answered(self, q):
+        """The chat's attempt has ended (its answer came): in a window
+        with room for a burst, the start now counts from here.
+
+        The platform counted the request when it arrived, somewhere between
+        the start and the answer; on a loaded machine that can be a second
+        after the start, more than any margin.  A burst window (a group's
+        20 a minute) spaced from the starts then lets the next burst reach
+        the platform too early, a 429 that costs the chat its wait; spaced
+        from the answers it cannot, and the delay is paid once per window
+        rather than once per message.  A chat runs one attempt at a time,
+        so the window's newest stamp is this attempt's (unless it was
+        refused or the window forgotten since: nothing to move then).
+        """
+        with self.lock:
+            window = q.stamped
+            if (window is not None and window.count > 1 and not window.dead
+                    and not self.closed and window.last() == q.last_start):
+                t = monotonic()
+                window.restamp_newest(t)
+                q.last_start = t
 
     def return_grant(self, q):
         """The chat left without using the start the line granted it."""
