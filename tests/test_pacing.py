@@ -235,6 +235,53 @@ def test_ready_chats_take_turns_under_the_global_limit(make_dispatcher):
     d.force_close()
 
 
+def test_a_chat_with_room_for_a_burst_takes_every_other_start_of_a_busy_line(make_dispatcher):
+    """A group (20 a minute) among many private chats (1 each) under a busy
+    global limit: served once per turn of the line, its burst would spread
+    over the whole backlog (and set the spread of its every later window);
+    it takes every other start instead, and the private chats the others."""
+    rec = Recorder()
+    group = RateLimit(6, per=60.0)
+    d = make_dispatcher(max_inflight=4, pacing=Pacing(
+        global_limit=RateLimit(1, per=0.02), chat_limit=RateLimit(1, per=0.01),
+        limit_for=lambda chat: group if chat < 0 else None))
+    futs = [d.submit(c, rec.task(c, i)) for i in range(2) for c in range(1, 31)]
+    futs += [d.submit(-1, rec.task(-1, i)) for i in range(6)]
+    for f in futs:
+        f.result(timeout=30)
+    order = [chat for _, chat in sorted((t, chat) for chat, starts in rec.starts.items()
+                                        for _, t, _ in starts)]
+    assert len(order) == 66 and [s for s, _, _ in rec.starts[-1]] == list(range(6))
+    # First come, first served, the group's six would be spread over the
+    # line's 60 starts (about one per turn of 30 chats); every other start,
+    # they are among the first 20 or so.
+    assert max(i for i, chat in enumerate(order) if chat == -1) < 30, order
+    for c in range(1, 31):
+        assert [s for s, _, _ in rec.starts[c]] == [0, 1]
+
+
+def test_a_burst_window_counts_each_start_from_its_answer(make_dispatcher):
+    """The platform counts a request when it arrives, at the latest when it
+    answers: in a window with room for a burst (2 per 0.3 s here), a start
+    leaves the window ``per`` after the attempt's end, not after its start,
+    so no lateness between the two lets a burst arrive too early."""
+    starts, ends = [], []
+
+    def task(sc):
+        starts.append(sc.started)
+        time.sleep(0.2)  # the request on its way and its answer
+        ends.append(time.monotonic())
+
+    d = make_dispatcher(pacing=Pacing(limit_for=lambda chat: RateLimit(2, per=0.3)))
+    for f in [d.submit("group", task) for _ in range(5)]:
+        f.result(timeout=30)
+    assert len(starts) == 5
+    for k in range(2, 5):
+        # Counted from the starts, the third would begin at 0.4 s, 0.1 s
+        # before the first's end plus the window.
+        assert starts[k] >= ends[k - 2] + 0.3, (k, starts, ends)
+
+
 # -------------------------------------------------------------------- retries
 
 def test_retry_after_runs_the_same_task_again_before_later_ones(make_dispatcher):

@@ -161,7 +161,10 @@ class Pacing:
         the limits.  It costs 5 % of a private chat's rate, 0.1 % of a
         group's, and 9 % of the bot-wide rate: that limit is kept as 15
         messages per half second (plus the margin) rather than 30 per
-        second, so that no burst of 30 leaves at once.
+        second, so that no burst of 30 leaves at once.  A group's window
+        (room for a burst of 20) counts each start from its answer instead,
+        when Telegram has surely counted it: a loaded bot can take longer
+        than any margin to put a request on the wire.
         """
         if broadcast is not None and (isinstance(broadcast, bool) or not isinstance(
                 broadcast, numbers.Integral)):

@@ -99,13 +99,22 @@ cdef class _Window:
         if self._len:
             self._len -= 1
 
+    cpdef restamp_newest(self, double t):
+        """Move the newest stamp to ``t`` (no earlier than it)."""
+        cdef int i
+        if self._len:
+            i = self._head + self._len - 1
+            if i >= self._cap:
+                i -= self._cap
+            self._stamps[i] = t
+
 
 @cython.final
 cdef class _Limiter(_Budgets):
     """Pacing: everything that decides when a chat may start its next task.
 
-    The configured windows (each chat's, the global one), the line of chats
-    waiting their turn under the global limit, the global pause of a
+    The configured windows (each chat's, the global one), the lines of
+    chats waiting their turn under the global limit, the global pause of a
     ``RetryAfter(scope="global")``, the budgets the platform announced
     (``learn``: a chat's own, shared buckets, the global one), the wake-up
     schedule of parked chats, and the expiry lists that forget windows once
@@ -134,6 +143,16 @@ cdef class _Limiter(_Budgets):
     new budget (it is made after the report) even if that leaves it
     overdrawn: what is under way is not called back.
 
+    Two lines wait for the global limit, each first come, first served:
+    ``_bursts`` holds the chats whose own window allows a burst (a group's
+    20 a minute) and ``_line`` the others; while both wait they take turns.
+    A burst window's room is lost if it is not used while it lasts, and it
+    sets the pace of its chat for every later window: served once per turn
+    of a line of a hundred private chats, a group's 20 starts would spread
+    over seconds, and so would every later 20.  Taking every other start,
+    such a chat uses its room as soon as it is free; the others keep at
+    least half of the global limit.
+
     Learned budgets cost nothing until the first report: it sets the
     core's ``_limited``, after which every start is admitted here.  Each
     budget has one entry on the forget schedule (``_bucket_heap``), pushed
@@ -144,7 +163,9 @@ cdef class _Limiter(_Budgets):
     cdef double _pause_until          # a global RetryAfter (read unlocked as a hint)
     cdef list _wakeups                # heap of (time, seq, ChatQueue): parked chats
     cdef object _line                 # deque: chats waiting their turn (global limit)
-    cdef Py_ssize_t _line_len
+    cdef object _bursts               # deque: those whose own window allows a burst
+    cdef Py_ssize_t _line_len         # chats in both lines
+    cdef bint _turn                   # the next grant is the bursts' (when both wait)
     cdef long long _granted           # starts granted from the line, not yet taken
     cdef _Window _glob
     cdef object _chat_limit, _limit_for
@@ -158,6 +179,7 @@ cdef class _Limiter(_Budgets):
     def __cinit__(self):
         self._wakeups = []
         self._line = deque()
+        self._bursts = deque()
         self._windows = {}
         self._expiry = {}
 
@@ -263,18 +285,14 @@ cdef class _Limiter(_Budgets):
                 self._park_locked(q, until)
                 return _PARK
             q._not_before = 0.0
-            # Then the global limit: chats take turns in one line.
+            # Then the global limit: chats take turns, in two lines.
             glob = self._glob
             if glob is not None:
                 if q._granted:
                     q._granted = False
                     self._granted -= 1
                 elif self._line_len or glob.next_start(self._granted) > now:
-                    q._waited = True
-                    self._line.append(q)
-                    self._line_len += 1
-                    self._parked += 1
-                    self._need_timer(glob.next_start(self._granted))
+                    self._join_line_locked(q, window)
                     return _PARK
                 glob._pending += 1
                 reserved = _GLOBAL
@@ -338,6 +356,27 @@ cdef class _Limiter(_Budgets):
                 self._line_changed_locked()
         return 0
 
+    cdef int _join_line_locked(self, ChatQueue q, _Window window) except -1:
+        # The chat waits for the global limit, in the line of its kind.
+        q._waited = True
+        if window is not None and window.count > 1:
+            self._bursts.append(q)
+        else:
+            self._line.append(q)
+        self._line_len += 1
+        self._parked += 1
+        self._need_timer(self._glob.next_start(self._granted))
+        return 0
+
+    cdef ChatQueue _next_in_line_locked(self):
+        # The chat the next global start goes to: the lines take turns.
+        self._line_len -= 1
+        if self._bursts and (self._turn or not self._line):
+            self._turn = False
+            return self._bursts.popleft()
+        self._turn = True
+        return self._line.popleft()
+
     cdef int _line_changed_locked(self) except -1:
         # A pending global start was made or given back: the line's next
         # grant may have become possible (it was infinitely far while the
@@ -385,6 +424,31 @@ cdef class _Limiter(_Budgets):
                 self._pause_until = until
         return 0
 
+    cdef int answered(self, ChatQueue q) except -1:
+        """The chat's attempt has ended (its answer came): in a window
+        with room for a burst, the start now counts from here.
+
+        The platform counted the request when it arrived, somewhere between
+        the start and the answer; on a loaded machine that can be a second
+        after the start, more than any margin.  A burst window (a group's
+        20 a minute) spaced from the starts then lets the next burst reach
+        the platform too early, a 429 that costs the chat its wait; spaced
+        from the answers it cannot, and the delay is paid once per window
+        rather than once per message.  A chat runs one attempt at a time,
+        so the window's newest stamp is this attempt's (unless it was
+        refused or the window forgotten since: nothing to move then).
+        """
+        cdef _Window window
+        cdef double t
+        with self._lock:
+            window = q._stamped
+            if (window is not None and window.count > 1 and not window.dead
+                    and not self._closed and window.last() == q._last_start):
+                t = monotonic()
+                window.restamp_newest(t)
+                q._last_start = t
+        return 0
+
     cdef int return_grant(self, ChatQueue q) except -1:
         """The chat left without using the start the line granted it."""
         with self._lock:
@@ -424,14 +488,12 @@ cdef class _Limiter(_Budgets):
                     break
                 ready.append(_heappop(wakeups)[2])
                 self._parked -= 1
-            line = self._line
             if self._line_len:
                 if self._pause_until > now:
                     until = min(until, self._pause_until)
                 else:
                     while self._line_len and glob.next_start(self._granted) <= now:
-                        q = line.popleft()
-                        self._line_len -= 1
+                        q = self._next_in_line_locked()
                         q._granted = True
                         self._granted += 1
                         self._parked -= 1
@@ -502,8 +564,10 @@ cdef class _Limiter(_Budgets):
             self._closed = True
             parked = [entry[2] for entry in self._wakeups]
             parked.extend(self._line)
+            parked.extend(self._bursts)
             self._wakeups = []
             self._line.clear()
+            self._bursts.clear()
             self._line_len = 0
             self._parked = self._granted = 0
             self._pause_until = 0.0
@@ -528,7 +592,8 @@ cdef class _Limiter(_Budgets):
             return {"windows": len(self._windows),
                     "expiry": sum([len(e) for e in self._expiry.values()]),
                     "expiry_lists": len(self._expiry),
-                    "wakeups": len(self._wakeups), "line": len(self._line),
+                    "wakeups": len(self._wakeups),
+                    "line": len(self._line) + len(self._bursts),
                     "granted": self._granted, "parked": self._parked,
                     "pending": self._glob._pending if self._glob is not None else 0,
                     "buckets": (len(self._chat_buckets) + len(self._shared)

@@ -89,12 +89,16 @@ class _Window:
         if self.stamps:
             self.stamps.pop()
 
+    def restamp_newest(self, t):
+        """Move the newest stamp to ``t`` (no earlier than it)."""
+        self.stamps[-1] = t
+
 
 class _Limiter(_Budgets):
     """Pacing: everything that decides when a chat may start its next task.
 
-    The configured windows (each chat's, the global one), the line of chats
-    waiting their turn under the global limit, the global pause of a
+    The configured windows (each chat's, the global one), the lines of
+    chats waiting their turn under the global limit, the global pause of a
     ``RetryAfter(scope="global")``, the budgets the platform announced
     (``learn``: a chat's own, shared buckets, the global one), the wake-up
     schedule of parked chats, and the expiry lists that forget windows once
@@ -123,6 +127,16 @@ class _Limiter(_Budgets):
     new budget (it is made after the report) even if that leaves it
     overdrawn: what is under way is not called back.
 
+    Two lines wait for the global limit, each first come, first served:
+    ``bursts`` holds the chats whose own window allows a burst (a group's
+    20 a minute) and ``line`` the others; while both wait they take turns.
+    A burst window's room is lost if it is not used while it lasts, and it
+    sets the pace of its chat for every later window: served once per turn
+    of a line of a hundred private chats, a group's 20 starts would spread
+    over seconds, and so would every later 20.  Taking every other start,
+    such a chat uses its room as soon as it is free; the others keep at
+    least half of the global limit.
+
     Learned budgets cost nothing until the first report: it sets the
     core's ``_limited`` (``on_learn``), after which every start is
     admitted here.  Each budget has one entry on the forget schedule
@@ -130,15 +144,17 @@ class _Limiter(_Budgets):
     further: the tables hold only budgets whose reset has not passed.
     """
 
-    __slots__ = ("pause_until", "wakeups", "line", "granted", "glob", "chat_limit",
-                 "limit_for", "chat_limits", "configured", "windows", "expiry", "paced",
-                 "parked")
+    __slots__ = ("pause_until", "wakeups", "line", "bursts", "turn", "granted", "glob",
+                 "chat_limit", "limit_for", "chat_limits", "configured", "windows", "expiry",
+                 "paced", "parked")
 
     def __init__(self, pacing, need_timer, on_learn=None):
         super().__init__(need_timer, on_learn)
         self.pause_until = 0.0        # a global RetryAfter: no start before this
         self.wakeups = []             # heap of (time, seq, ChatQueue): parked chats
         self.line = deque()           # chats waiting their turn under the global limit
+        self.bursts = deque()         # those whose own window allows a burst (a group)
+        self.turn = False             # the next grant is the bursts' (when both wait)
         self.granted = 0              # starts granted from the line, not yet taken
         self.glob = None              # _Window of the global limit, or None
         self.chat_limit = self.limit_for = None
@@ -240,17 +256,14 @@ class _Limiter(_Budgets):
                 return _PARK
             q.not_before = 0.0
             reserved = 0
-            # Then the global limit: chats take turns in one line.
+            # Then the global limit: chats take turns, in two lines.
             glob = self.glob
             if glob is not None:
                 if q.granted:
                     q.granted = False
                     self.granted -= 1
-                elif self.line or glob.next_start(self.granted) > now:
-                    q.waited = True
-                    self.line.append(q)
-                    self.parked += 1
-                    self.need_timer(glob.next_start(self.granted))
+                elif self.line or self.bursts or glob.next_start(self.granted) > now:
+                    self._join_line_locked(q, window)
                     return _PARK
                 glob.reserve()
                 reserved = _GLOBAL
@@ -307,12 +320,30 @@ class _Limiter(_Budgets):
             if reserved & _LEARNED:
                 self._take_learned_locked(q, False)
 
+    def _join_line_locked(self, q, window):
+        # The chat waits for the global limit, in the line of its kind.
+        q.waited = True
+        if window is not None and window.count > 1:
+            self.bursts.append(q)
+        else:
+            self.line.append(q)
+        self.parked += 1
+        self.need_timer(self.glob.next_start(self.granted))
+
+    def _next_in_line_locked(self):
+        # The chat the next global start goes to: the lines take turns.
+        if self.bursts and (self.turn or not self.line):
+            self.turn = False
+            return self.bursts.popleft()
+        self.turn = True
+        return self.line.popleft()
+
     def _line_changed_locked(self):
         # A pending global start was made or given back: the line's next
         # grant may have become possible (it was infinitely far while the
         # pending starts filled the window).  Every change that can make a
         # grant due wakes the timer, which then never sleeps past it.
-        if self.line:
+        if self.line or self.bursts:
             self.need_timer(self.glob.next_start(self.granted))
 
     def _expire_later_locked(self, window):
@@ -349,13 +380,35 @@ class _Limiter(_Budgets):
             if is_global and until > self.pause_until:
                 self.pause_until = until
 
+    def answered(self, q):
+        """The chat's attempt has ended (its answer came): in a window
+        with room for a burst, the start now counts from here.
+
+        The platform counted the request when it arrived, somewhere between
+        the start and the answer; on a loaded machine that can be a second
+        after the start, more than any margin.  A burst window (a group's
+        20 a minute) spaced from the starts then lets the next burst reach
+        the platform too early, a 429 that costs the chat its wait; spaced
+        from the answers it cannot, and the delay is paid once per window
+        rather than once per message.  A chat runs one attempt at a time,
+        so the window's newest stamp is this attempt's (unless it was
+        refused or the window forgotten since: nothing to move then).
+        """
+        with self.lock:
+            window = q.stamped
+            if (window is not None and window.count > 1 and not window.dead
+                    and not self.closed and window.last() == q.last_start):
+                t = monotonic()
+                window.restamp_newest(t)
+                q.last_start = t
+
     def return_grant(self, q):
         """The chat left without using the start the line granted it."""
         with self.lock:
             if q.granted and not self.closed:  # force_close() reset the line
                 q.granted = False
                 self.granted -= 1
-                if self.line:
+                if self.line or self.bursts:
                     self.need_timer(0.0)
 
     def _park_locked(self, q, until):
@@ -379,19 +432,19 @@ class _Limiter(_Budgets):
                     break
                 ready.append(heapq.heappop(wakeups)[2])
                 self.parked -= 1
-            line = self.line
-            if line:
+            line, bursts = self.line, self.bursts
+            if line or bursts:
                 if self.pause_until > now:
                     until = min(until, self.pause_until)
                 else:
                     glob = self.glob
-                    while line and glob.next_start(self.granted) <= now:
-                        q = line.popleft()
+                    while (line or bursts) and glob.next_start(self.granted) <= now:
+                        q = self._next_in_line_locked()
                         q.granted = True
                         self.granted += 1
                         self.parked -= 1
                         ready.append(q)
-                    if line:
+                    if line or bursts:
                         # Infinite while pending starts fill the window:
                         # their commit (or release) wakes the timer.
                         until = min(until, glob.next_start(self.granted))
@@ -450,8 +503,10 @@ class _Limiter(_Budgets):
             self.closed = True
             parked = [entry[2] for entry in self.wakeups]
             parked.extend(self.line)
+            parked.extend(self.bursts)
             self.wakeups = []
             self.line.clear()
+            self.bursts.clear()
             self.parked = self.granted = 0
             self.pause_until = 0.0
             # Nothing starts any more: no window can constrain anything.
@@ -475,7 +530,8 @@ class _Limiter(_Budgets):
             return {"windows": len(self.windows),
                     "expiry": sum(len(e) for e in self.expiry.values()),
                     "expiry_lists": len(self.expiry),
-                    "wakeups": len(self.wakeups), "line": len(self.line),
+                    "wakeups": len(self.wakeups),
+                    "line": len(self.line) + len(self.bursts),
                     "granted": self.granted, "parked": self.parked,
                     "pending": self.glob.pending if self.glob is not None else 0,
                     "buckets": (len(self.chat_buckets) + len(self.shared)

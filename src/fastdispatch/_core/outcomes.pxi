@@ -128,6 +128,9 @@ cdef class _Outcomes(_Deadlines):
         # given to _begin.
         cdef int verdict
         cdef list waiting = None
+        cdef _Window window = q._stamped
+        if window is not None and window.count > 1:
+            self._limiter.answered(q)  # a burst window counts from the answer
         if panic is not None:
             # The chat is closed before its panicked task's Future is
             # resolved: a task submitted by whoever saw that result goes to a

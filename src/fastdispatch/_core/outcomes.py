@@ -133,6 +133,9 @@ class _Outcomes(_Deadlines):
         # ``cancelled``: a coroutine task's awaitable was cancelled;
         # ``posted``: a task given to post() (no Future).
         waiting = None
+        window = q.stamped
+        if window is not None and window.count > 1:
+            self._limiter.answered(q)  # a burst window counts from the answer
         if panic is not None:
             # The chat is closed before its panicked task's Future is
             # resolved: a task submitted by whoever saw that result goes to a
