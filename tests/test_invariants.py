@@ -288,6 +288,65 @@ def test_chat_queue_churn_keeps_fifo_and_exclusivity(
         assert d.active_chats == 0
 
 
+def test_submit_retries_with_a_fresh_key_after_its_own_queue_left(make_dispatcher, impl,
+                                                                   monkeypatch):
+    # G5 (docs/guarantees.md), the other side of the re-check below: the
+    # submitter inserted the chat's queue itself, and before it took the
+    # queue's lock another submit filled it and its worker emptied and
+    # removed it, marking the queue's key (the submitter's own) as leaving.
+    # The retry must not look up with that key: it equals no other key, so
+    # the chat's live queue would be missed and a second one inserted.
+    # The submitter is held right after its insert (a method only the
+    # pure-Python core lets a test wrap).
+    if impl.name != "python":
+        pytest.skip("the compiled core's insert cannot be wrapped")
+    chat_map = impl.room("chats")._ChatMap
+    real_insert = chat_map._insert
+    held = threading.Event()
+    resume = threading.Event()
+    hold = {"thread": None}
+
+    def insert(self, chat_id, key):
+        q = real_insert(self, chat_id, key)
+        if threading.current_thread() is hold["thread"]:
+            hold["thread"] = None
+            held.set()
+            assert resume.wait(10)
+        return q
+
+    monkeypatch.setattr(chat_map, "_insert", insert)
+    d = make_dispatcher(max_inflight=4)
+    chat = ("chat", 1)       # not an int or str: keyed by a wrapper
+    second_started = threading.Event()
+    submitter = threading.Thread(
+        target=lambda: d.submit(chat, lambda sc: second_started.set()))
+    hold["thread"] = submitter
+    submitter.start()
+    assert held.wait(10)                       # its queue is in the map, unlocked
+    assert d.submit(chat, lambda sc: "x").result(10) == "x"
+    assert wait_until(lambda: d.active_chats == 0)   # ... and gone
+    running = threading.Event()
+    gate = threading.Event()
+
+    def first(sc):
+        running.set()
+        gate.wait(10)
+        return "first"
+
+    first_future = d.submit(chat, first)
+    assert running.wait(10)
+    resume.set()
+    submitter.join(10)
+    # The chat's task ``first`` is running: the submitter's must wait for it.
+    overlapped = second_started.wait(0.5)
+    gate.set()
+    assert first_future.result(10) == "first"
+    assert second_started.wait(10)
+    assert not overlapped, "two tasks of the same chat ran at the same time"
+    assert d.drain(timeout=10)
+    assert d.active_chats == 0
+
+
 def test_submit_rechecks_the_map_under_the_queue_lock(make_dispatcher, impl, monkeypatch):
     # Regression test for the self-removal race of G5 (docs/guarantees.md), made
     # deterministic: the submitter finds the queue just before the worker

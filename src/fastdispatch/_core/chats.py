@@ -225,6 +225,11 @@ class _ChatKey:
             return False
 
 
+def _rekey(key):
+    # A fresh key for the same chat id and hash (never marked _removing).
+    return _ChatKey(key.chat_id, key._hash)
+
+
 def _chat_key(chat_id):
     """The chat map's key for ``chat_id`` (itself for a plain int or str)."""
     if type(chat_id) is int or type(chat_id) is str:

@@ -15,7 +15,7 @@ from .._errors import DispatcherClosed, _no_room, QueueFull, _safe_repr
 from .._types import _checked_wait, Future
 
 from . import constants
-from .chats import _chat_key, _Waiter
+from .chats import _chat_key, _ChatKey, _rekey, _Waiter
 from .items import _caller_cancelled, _Driven, _new_item
 from .loops import _LoopHandoff
 
@@ -91,6 +91,12 @@ class _Intake(_LoopHandoff):
                 # removal: it says whether the map still holds this queue,
                 # without running the chat id's __eq__ again.)
                 if q._removed:
+                    # If that queue was the one we inserted, our key is its
+                    # key, now marked _removing: it equals no other key, so
+                    # the next insert would miss the chat's live queue and
+                    # add a second one.  Look again with a fresh key.
+                    if q._key is key and type(key) is _ChatKey:
+                        key = _rekey(key)
                     q = None
                     continue
                 items = q._items
