@@ -171,6 +171,12 @@ cdef class _Intake(_LoopHandoff):
                             waiter = self._add_waiter_locked(q, item, loop, holder)
                 else:
                     queue_len = 0   # orphaned queue: retry from the lookup
+                    # If that queue was the one we inserted, our key is its
+                    # key, now marked _removing: it equals no other key, so
+                    # the next insert would miss the chat's live queue and
+                    # add a second one.  Look again with a fresh key.
+                    if q._key is key and type(key) is _ChatKey:
+                        key = _rekey(<_ChatKey>key)
             if queue_len:
                 break
             q = None  # (only now: q's lock must outlive the with-block)
