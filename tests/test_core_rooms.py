@@ -148,9 +148,6 @@ INTENDED = {
     ("chats", "_ChatMap", "_map_lock"): _STRIPES,
     ("chats", "_ChatMap", "_map_high"): _STRIPES,
     ("chats", "ChatQueue", "_stripe"): _STRIPES,
-    ("chats", None, "_rekey"):
-        "a fresh _ChatKey for the same id and hash, built with __new__; the twin calls "
-        "_ChatKey(chat_id, key._hash) where it needs one",
     ("chats", None, "_wrap_chat_id"):
         "the slow path of _chat_key, kept apart so that the inline fast path stays small; "
         "inline in the twin's _chat_key",

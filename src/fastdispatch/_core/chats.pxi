@@ -248,6 +248,17 @@ cdef _ChatKey _rekey(_ChatKey key):
     return fresh
 
 
+cdef object _retry_key(ChatQueue q, object key):
+    # The key to look the chat up again with, after queue ``q`` (found or
+    # inserted with ``key``) left the map.  If ``q`` was the queue we
+    # inserted, ``key`` is its key, now marked _removing: it equals no other
+    # key, so the next insert would miss the chat's live queue and add a
+    # second one (G5).  Then a fresh key for the same chat id and hash.
+    if q._key is key and type(key) is _ChatKey:
+        return _rekey(<_ChatKey>key)
+    return key
+
+
 cdef inline object _chat_key(object chat_id):
     """The chat map's key for ``chat_id`` (itself for a plain int or str)."""
     if type(chat_id) is int or type(chat_id) is str:

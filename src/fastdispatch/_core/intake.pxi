@@ -120,6 +120,18 @@ cdef class _Intake(_LoopHandoff):
             (<DispatcherCore>self)._caller_gone(item, future)
             raise
 
+    cdef int _refuse_full(self, object chat_id, ChatQueue q, bint block,
+                          object waiter) except -1:
+        # The chat is full and the caller does not wait: raise (``waiter``
+        # says why a caller that asked to wait may not).
+        if block:
+            self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
+                                           self._max_waiting), False)
+        self._reject(chat_id, QueueFull(
+            "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)),
+            False)
+        return 0
+
     cdef object _enqueue(self, object chat_id, object task, object future,
                          object loop, bint block, object ctx):
         # Queue the task; or, when its chat is full and the caller waits
@@ -171,24 +183,14 @@ cdef class _Intake(_LoopHandoff):
                             waiter = self._add_waiter_locked(q, item, loop, holder)
                 else:
                     queue_len = 0   # orphaned queue: retry from the lookup
-                    # If that queue was the one we inserted, our key is its
-                    # key, now marked _removing: it equals no other key, so
-                    # the next insert would miss the chat's live queue and
-                    # add a second one.  Look again with a fresh key.
-                    if q._key is key and type(key) is _ChatKey:
-                        key = _rekey(<_ChatKey>key)
+                    key = _retry_key(q, key)
             if queue_len:
                 break
             q = None  # (only now: q's lock must outlive the with-block)
         if queue_len < 0:
-            if block:
-                if type(waiter) is _Waiter:
-                    return waiter
-                self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
-                                               self._max_waiting), False)
-            self._reject(chat_id, QueueFull(
-                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)),
-                False)
+            if block and type(waiter) is _Waiter:
+                return waiter
+            self._refuse_full(chat_id, q, block, waiter)
         if start and loop is None:
             self._schedule(q)
         if self._on_queued is not None:

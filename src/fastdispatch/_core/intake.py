@@ -15,7 +15,7 @@ from .._errors import DispatcherClosed, _no_room, QueueFull, _safe_repr
 from .._types import _checked_wait, Future
 
 from . import constants
-from .chats import _chat_key, _ChatKey, _rekey, _Waiter
+from .chats import _chat_key, _retry_key, _Waiter
 from .items import _caller_cancelled, _Driven, _new_item
 from .loops import _LoopHandoff
 
@@ -62,6 +62,15 @@ class _Intake(_LoopHandoff):
         if waiter is not None:
             self._wait_for_room(waiter, timeout)
 
+    def _refuse_full(self, chat_id, q, block, waiter):
+        # The chat is full and the caller does not wait: raise (``waiter``
+        # says why a caller that asked to wait may not).
+        if block:
+            self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
+                                           self._max_waiting))
+        self._reject(chat_id, QueueFull(
+            "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
+
     def _enqueue(self, chat_id, task, future, loop=None, block=False, ctx=None):
         # Queue the task; or, when its chat is full and the caller waits
         # (``block``), return the _Waiter it must wait on.
@@ -91,12 +100,7 @@ class _Intake(_LoopHandoff):
                 # removal: it says whether the map still holds this queue,
                 # without running the chat id's __eq__ again.)
                 if q._removed:
-                    # If that queue was the one we inserted, our key is its
-                    # key, now marked _removing: it equals no other key, so
-                    # the next insert would miss the chat's live queue and
-                    # add a second one.  Look again with a fresh key.
-                    if q._key is key and type(key) is _ChatKey:
-                        key = _rekey(key)
+                    key = _retry_key(q, key)
                     q = None
                     continue
                 items = q._items
@@ -111,13 +115,9 @@ class _Intake(_LoopHandoff):
                     q.running = True
             break
         if queue_len < 0:
-            if block:
-                if type(waiter) is _Waiter:
-                    return waiter
-                self._reject(chat_id, _no_room(chat_id, q.capacity, waiter,
-                                               self._max_waiting))
-            self._reject(chat_id, QueueFull(
-                "chat %s already has %d waiting tasks" % (_safe_repr(chat_id), q.capacity)))
+            if block and type(waiter) is _Waiter:
+                return waiter
+            self._refuse_full(chat_id, q, block, waiter)
         if start and loop is None:
             self._schedule(q)
         if self._on_queued is not None:
