@@ -82,6 +82,7 @@ class _Intake(_LoopHandoff):
         item = _new_item(chat_id, task, future,
                          monotonic() if self._on_done is not None else 0.0, loop, ctx)
         holder = self._holder() if block else None
+        waiter = None
         # Count the task as pending *before* looking at ``closed``: then a
         # shutdown() that saw no pending work also made this call see closed.
         with self._count_lock:
