@@ -178,7 +178,10 @@ cdef class _Outcomes(_Deadlines):
             item._error = None
         if panic is not None:
             self._panic(q, panic, waiting)
-        item._fn = None
+        # The task's context holds the task (the running-task variable that
+        # re-entrant sends read): dropped with the call, else each ended task
+        # would be a reference cycle that only the cyclic collector frees.
+        item._fn = item._ctx = None
         FD_ADD(&self._pending, -1)
         self._maybe_drained()
         return _PANICKED if panic is not None else _DONE
@@ -230,7 +233,7 @@ cdef class _Outcomes(_Deadlines):
         # Resolve a task whose Future is already RUNNING but that will not
         # run (again): force_close() came first, or pacing failed.
         self._resolve(item, None, error, outcome)
-        item._fn = None
+        item._fn = item._ctx = None
         FD_ADD(&self._pending, -1)
         self._maybe_drained()
         return 0
@@ -267,7 +270,7 @@ cdef class _Outcomes(_Deadlines):
         FD_ADD(&self._counts[outcome], 1)
         if self._on_done is not None:
             self._report(item, error, 0.0)
-        item._fn = item._future = None
+        item._fn = item._future = item._ctx = None
         FD_ADD(&self._pending, -1)
         return 0
 

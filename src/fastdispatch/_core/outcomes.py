@@ -179,7 +179,10 @@ class _Outcomes(_Deadlines):
             item._error = None
         if panic is not None:
             self._panic(q, panic, waiting)
-        item._fn = None
+        # The task's context holds the task (the running-task variable that
+        # re-entrant sends read): dropped with the call, else each ended task
+        # would be a reference cycle that only the cyclic collector frees.
+        item._fn = item._ctx = None
         with self._count_lock:
             self._pending -= 1
         self._maybe_drained()
@@ -231,7 +234,7 @@ class _Outcomes(_Deadlines):
         # Resolve a task whose Future is already RUNNING but that will not
         # run (again): force_close() came first.
         self._resolve(item, None, error, outcome)
-        item._fn = None
+        item._fn = item._ctx = None
         with self._count_lock:
             self._pending -= 1
         self._maybe_drained()
@@ -266,7 +269,7 @@ class _Outcomes(_Deadlines):
         self._count(outcome)
         if self._on_done is not None:
             self._report(item, error, 0.0)
-        item._fn = item._future = None
+        item._fn = item._future = item._ctx = None
         with self._count_lock:
             self._pending -= 1
 
