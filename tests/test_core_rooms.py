@@ -105,6 +105,9 @@ _NEW = ("the compiled core builds it with __new__ and sets its C fields in one h
         "(no __init__ call per submit); the twin's __init__ does the same")
 _WINDOW_RING = ("the compiled window keeps its count + 1 newest stamps in a C ring of "
                 "doubles; the twin's in a deque with that maxlen")
+_DRIVEN_ITER = ("the compiled _Driven is its own iterator (__await__ returns it; each step "
+                "sends into the coroutine from C), so that driving a task allocates no "
+                "generator; the twin's __await__ is a generator, the fastest in Python")
 _WORDING = ("the compiled core words a task's SendTimeout before it claims the task, outside "
             "the locks; the twin claims it with a bare SendTimeout under _run_lock and words "
             "it afterwards (_expired_error)")
@@ -201,6 +204,11 @@ INTENDED = {
     ("items", "SendContext", "_prev"): _RUNNERS,
     ("items", "SendContext", "_next"): _RUNNERS,
     ("items", "SendContext", "_registered"): _RUNNERS,
+    ("items", "_Driven", "__next__"): _DRIVEN_ITER,
+    ("items", "_Driven", "send"): _DRIVEN_ITER,
+    ("items", "_Driven", "throw"): _DRIVEN_ITER,
+    ("items", "_Driven", "close"): _DRIVEN_ITER,
+    ("items", "_Driven", "_step"): _DRIVEN_ITER,
     # limiter
     ("limiter", "_Limiter", "_configure"):
         "the compiled limiter is made with its core and configured in place; the twin's "

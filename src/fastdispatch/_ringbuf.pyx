@@ -36,6 +36,8 @@ release.
 """
 
 cimport cython
+from cpython.contextvars cimport (
+    PyContext_CopyCurrent, PyContext_Enter, PyContext_Exit, PyContextVar_Set)
 from cpython.object cimport PyObject
 
 import contextvars

@@ -39,6 +39,33 @@ cdef extern from *:
 
 cdef extern from *:
     """
+    /* One step of a driven coroutine (see _Driven): send ``value`` into
+       ``coro`` with ``ctx`` entered, as ``ctx.run(coro.send, value)`` does
+       without its two calls.  A new reference to what the coroutine yielded
+       (*returned = 0) or returned (*returned = 1); NULL with the exception
+       set when it raised.  Driven coroutines exist from CPython 3.11 on;
+       before 3.10 there is no PyIter_Send, and this is never called. */
+    static PyObject *fd_drive_send(PyObject *ctx, PyObject *coro, PyObject *value,
+                                   int *returned) {
+    #if PY_VERSION_HEX >= 0x030A0000
+        PyObject *res = NULL;
+        PySendResult r;
+        if (PyContext_Enter(ctx) < 0) return NULL;
+        r = PyIter_Send(coro, value, &res);
+        if (PyContext_Exit(ctx) < 0) { Py_XDECREF(res); return NULL; }
+        if (r == PYGEN_ERROR) return NULL;
+        *returned = (r == PYGEN_RETURN);
+        return res;
+    #else
+        PyErr_SetString(PyExc_RuntimeError, "a driven coroutine needs CPython 3.10 or later");
+        return NULL;
+    #endif
+    }
+    """
+    object fd_drive_send(object ctx, object coro, object value, int *returned)
+
+cdef extern from *:
+    """
     /* How many parts the chat map has (see _Stripe): 1 << FD_STRIPE_BITS. */
     #ifdef Py_GIL_DISABLED
     #define FD_STRIPE_BITS 6

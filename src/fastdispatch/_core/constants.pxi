@@ -62,7 +62,6 @@ cdef object _SPAWN = object()
 # The coroutine task whose code runs in this context (set in the task's own
 # context when it starts; see DispatcherCore.running_chat).
 _current_task = contextvars.ContextVar("fastdispatch_current_task", default=None)
-cdef object _copy_context = contextvars.copy_context
 
 cdef enum:
     # A caller waiting for room (_Waiter.state): still waiting, let in (its

@@ -79,7 +79,7 @@ cdef class _Intake(_LoopHandoff):
             timeout = _checked_wait(timeout)
         future = loop.create_future()
         self._async_used = True
-        item = self._enqueue(chat_id, task, future, loop, block, _copy_context())
+        item = self._enqueue(chat_id, task, future, loop, block, PyContext_CopyCurrent())
         cdef bint suspended = False
         cdef _Driven driven
         try:
@@ -88,12 +88,14 @@ cdef class _Intake(_LoopHandoff):
                 item = (<_Waiter>waiter).item
                 await self._await_room(waiter, timeout, future)
                 suspended = True
+            outcome = _started_here(item, future)
             while True:
-                if future.done():
-                    outcome = future.result()
-                else:
-                    suspended = True
-                    outcome = await future
+                if outcome is None:
+                    if future.done():
+                        outcome = future.result()
+                    else:
+                        suspended = True
+                        outcome = await future
                 if type(outcome) is not _Driven:
                     break
                 # Its attempt started: the outcome goes to ``out``; a
@@ -101,13 +103,16 @@ cdef class _Intake(_LoopHandoff):
                 driven = <_Driven>outcome
                 future = driven.out
                 if driven.coro is not None:
-                    result, error, cancelled, waited = await driven
-                    (<DispatcherCore>self)._aio_ended(item, result, error, cancelled)
+                    await driven
+                    error, driven.error = driven.error, None
+                    (<DispatcherCore>self)._aio_ended(item, driven.result, error,
+                                                      driven.cancelled)
                     if _caller_cancelled(driven):
                         raise _asyncio.CancelledError()
                     if isinstance(error, (KeyboardInterrupt, SystemExit)):
                         raise error
-                    suspended = suspended or waited
+                    suspended = suspended or driven.suspended
+                outcome = None
             if not suspended:
                 # Its task ended in this call without waiting: still let the
                 # loop run others once, so that a loop of such calls cannot
@@ -205,5 +210,7 @@ cdef class _Intake(_LoopHandoff):
             # call, as a free asyncio.Lock is taken without a trip through
             # the loop (a hand-off would cost a callback, a lock and an
             # entry the timer must watch, per chat that starts).
+            item._inline = True
             self._drain_chat(q, loop, None)
+            item._inline = False
         return item

@@ -16,7 +16,7 @@ from .._types import _checked_wait, Future
 
 from . import constants
 from .chats import _chat_key, _retry_key, _Waiter
-from .items import _caller_cancelled, _Driven, _new_item
+from .items import _caller_cancelled, _Driven, _new_item, _started_here
 from .loops import _LoopHandoff
 
 
@@ -133,7 +133,9 @@ class _Intake(_LoopHandoff):
             # call, as a free asyncio.Lock is taken without a trip through
             # the loop (a hand-off would cost a callback, a lock and an
             # entry the timer must watch, per chat that starts).
+            item._inline = True
             self._drain_chat(q, loop)
+            item._inline = False
         return item
 
     async def asubmit(self, chat_id, task, *, block=False, timeout=None):
@@ -176,25 +178,31 @@ class _Intake(_LoopHandoff):
                 waiter, item = item, item.item
                 await self._await_room(waiter, timeout, future)
                 suspended = True
+            outcome = _started_here(item, future)
             while True:
-                if future.done():
-                    outcome = future.result()
-                else:
-                    suspended = True
-                    outcome = await future
+                if outcome is None:
+                    if future.done():
+                        outcome = future.result()
+                    else:
+                        suspended = True
+                        outcome = await future
                 if type(outcome) is not _Driven:
                     break
                 # Its attempt started: the outcome goes to ``out``; a
                 # coroutine is run here, in this Task (see _Driven).
                 future = outcome.out
                 if outcome.coro is not None:
-                    result, error, cancelled, waited = await outcome
-                    self._aio_ended(item, result, error, cancelled)
+                    await outcome
+                    # (Taken off the attempt: its traceback holds the frame
+                    # that holds the attempt.)
+                    error, outcome.error = outcome.error, None
+                    self._aio_ended(item, outcome.result, error, outcome.cancelled)
                     if _caller_cancelled(outcome):
                         raise constants._asyncio.CancelledError()
                     if isinstance(error, (KeyboardInterrupt, SystemExit)):
                         raise error
-                    suspended = suspended or waited
+                    suspended = suspended or outcome.suspended
+                outcome = None
             if not suspended:
                 # Its task ended in this call without waiting: still let the
                 # loop run others once, so that a loop of such calls cannot

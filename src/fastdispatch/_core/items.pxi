@@ -49,6 +49,8 @@ cdef class SendContext:
     # asubmit: a copy of the caller's contextvars context, which every
     # attempt runs in.
     cdef object _ctx
+    # asubmit: its chat starts in its caller's own call (see _start_async).
+    cdef bint _inline
 
     def __init__(self, chat_id, deadline=None):
         self.chat_id = chat_id
@@ -168,11 +170,16 @@ cdef inline SendContext _new_item(object chat_id, object fn, object future, doub
     return item
 
 
-def _call_in_context(SendContext item):
+cdef object _call_in_context(SendContext item):
     # In the task's own context (see _start_async): mark it as the running
-    # task there, then call it.
-    _current_task.set(item)
-    return item._fn(item)
+    # task there, then call it.  (Entered here in C: ctx.run would cost two
+    # Python-level calls per attempt.)
+    PyContext_Enter(item._ctx)
+    try:
+        PyContextVar_Set(_current_task, item)
+        return item._fn(item)
+    finally:
+        PyContext_Exit(item._ctx)
 
 
 cdef inline bint _is_awaitable(object o) except -1:
@@ -198,7 +205,7 @@ cdef object _awaitable_error(SendContext item, object result):
             _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
 
 
-def _aio_set(future, result, error):
+cpdef _aio_set(future, result, error):
     # On the future's own loop: resolve it, unless it is already done (the
     # caller cancelled its await).
     if not future.done():
@@ -212,7 +219,10 @@ cdef bint _on_loop(object loop, object fn, object a, object b, object c) except 
     """Run ``fn(a, b, c)`` on ``loop``: now when this is its thread, else at
     its next turn.  False when the loop is closed (nothing can run there)."""
     if _running_loop() is loop:
-        fn(a, b, c)
+        if fn is _aio_set:
+            _aio_set(a, b, c)  # (what every caller passes: a C call)
+        else:
+            fn(a, b, c)
         return True
     try:
         loop.call_soon_threadsafe(fn, a, b, c)
@@ -240,7 +250,10 @@ cdef class _Driven:
 
     See _core/items.py: ``out`` holds the outcome from the start of the
     attempt on; ``coro`` (if the attempt returned a coroutine) is run by
-    the caller's own Task, each step in the task's context.
+    the caller's own Task, each step in the task's context; when it ends,
+    ``result``, ``error``, ``cancelled`` and ``suspended`` say how.  Here
+    the object is its own iterator (``__await__`` returns it), so that
+    driving a task allocates no generator.
     """
 
     cdef object out
@@ -251,6 +264,10 @@ cdef class _Driven:
     cdef bint cancelling
     cdef bint driven
     cdef Py_ssize_t cancels_before
+    cdef object result
+    cdef object error
+    cdef bint cancelled
+    cdef bint suspended
 
     def __init__(self, out, ctx):
         self.out = out
@@ -265,49 +282,86 @@ cdef class _Driven:
         self.must_cancel = True
 
     def __await__(self):
-        # Returns (result, error, cancelled, suspended).
         self.driven = True
-        coro = self.coro
-        run = self.ctx.run
-        value = exc = None
-        suspended = False
-        while True:
-            if self.must_cancel:
-                self.must_cancel = False
-                exc = _asyncio.CancelledError()
-            try:
-                if exc is None:
-                    yielded = run(coro.send, value)
-                else:
-                    yielded = run(coro.throw, exc)
-            except StopIteration as stop:
-                return stop.value, None, False, suspended
-            except _asyncio.CancelledError:
-                return None, None, True, suspended
-            except BaseException as error:
-                return None, error, False, suspended
-            suspended = True
-            self.waiting_on = yielded
-            exc = None
-            try:
-                value = yield yielded
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as thrown:
-                exc = thrown
-                if type(thrown) is _asyncio.CancelledError:
-                    if self.cancelling:
-                        self.cancelling = False
-                    elif self.cancels_before < 0:
-                        # Not ours: the caller's Task was asked to cancel
-                        # (or code inside the coroutine cancels its own
-                        # Task and takes that back: see _caller_cancelled).
-                        self.cancels_before = _asyncio.current_task().cancelling() - 1
-            self.waiting_on = None
+        return self
+
+    def __next__(self):
+        self.waiting_on = None
+        return self._step(None, None)
+
+    def send(self, value):
+        self.waiting_on = None
+        return self._step(value, None)
+
+    def throw(self, typ, val=None, tb=None):
+        # The caller's Task throws into its await (a cancellation, or
+        # whatever asyncio or a caller's close() sends): on into the
+        # coroutine, in the task's context.
+        if isinstance(typ, BaseException):
+            thrown = typ
+        elif val is None:
+            thrown = typ()
+        elif isinstance(val, typ):
+            thrown = val
+        else:
+            thrown = typ(val)
+        if isinstance(thrown, GeneratorExit):
+            self.close()
+            raise thrown
+        if type(thrown) is _asyncio.CancelledError:
+            if self.cancelling:
+                self.cancelling = False
+            elif self.cancels_before < 0:
+                # Not ours: the caller's Task was asked to cancel (or code
+                # inside the coroutine cancels its own Task and takes that
+                # back: see _caller_cancelled).
+                self.cancels_before = _asyncio.current_task().cancelling() - 1
+        self.waiting_on = None
+        return self._step(None, thrown)
+
+    def close(self):
+        self.coro.close()
+
+    cdef object _step(self, object value, object exc):
+        # One step of the coroutine: what it yields goes on to the caller's
+        # Task; when it ends, its outcome is kept and the await ends.
+        cdef int returned = 0
+        if self.must_cancel:
+            self.must_cancel = False
+            exc = _asyncio.CancelledError()
+        try:
+            if exc is None:
+                yielded = fd_drive_send(self.ctx, self.coro, value, &returned)
+            else:
+                yielded = self.ctx.run(self.coro.throw, exc)
+        except StopIteration as stop:
+            self.result = stop.value
+            raise StopIteration
+        except _asyncio.CancelledError:
+            self.cancelled = True
+            raise StopIteration
+        except BaseException as error:
+            self.error = error
+            raise StopIteration
+        if returned:
+            self.result = yielded
+            raise StopIteration
+        self.suspended = True
+        self.waiting_on = yielded
+        return yielded
 
 
-def _caller_cancelled(_Driven driven):
+cdef inline object _started_here(SendContext item, object future):
+    # The attempt that asubmit's own call started, when it is a coroutine
+    # for that caller to drive (its ``out`` is the call's Future: see
+    # _start_async); else None.
+    aio = item._aio
+    if type(aio) is _Driven and (<_Driven>aio).out is future:
+        return aio
+    return None
+
+
+cdef inline bint _caller_cancelled(_Driven driven) except -1:
     # After a driven coroutine ended: whether a cancellation of its caller's
     # Task reached it and still stands (one that code inside took back with
     # ``uncancel()``, as anyio's cancel scopes do, does not count).

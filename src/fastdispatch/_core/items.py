@@ -35,7 +35,7 @@ class SendContext:
     __slots__ = (
         "chat_id", "_deadline", "_cancel", "_event",
         "_fn", "_future", "_t_queued", "_t_start", "_queue_len", "_attempt",
-        "_error", "_loop", "_aio", "_queue", "_chatq", "_ctx",
+        "_error", "_loop", "_aio", "_queue", "_chatq", "_ctx", "_inline",
     )
 
     def __init__(self, chat_id, deadline=None):
@@ -56,6 +56,8 @@ class SendContext:
         # The chat queue of the running attempt (set at its start), through
         # which report_limit reaches the limiter; None outside a dispatcher.
         self._chatq = None
+        # asubmit: its chat starts in its caller's own call (see _start_async).
+        self._inline = False
 
     @property
     def attempt(self):
@@ -165,6 +167,7 @@ def _new_item(chat_id, fn, future, t_queued, loop=None, ctx=None):
     item._loop = loop
     item._ctx = ctx
     item._aio = item._queue = item._chatq = None
+    item._inline = False
     return item
 
 
@@ -241,17 +244,20 @@ class _Driven:
     holder runs its code, with no Task, Future or done-callback of its
     own.  ``cancel()`` (a deadline, ``force_close()``) cancels what the
     coroutine awaits, as ``Task.cancel()`` does; the caller's own
-    cancellation reaches the coroutine through its Task.
+    cancellation reaches the coroutine through its Task.  When the
+    coroutine ends, ``result``, ``error``, ``cancelled`` and ``suspended``
+    (whether it ever waited) say how.
     """
 
     __slots__ = ("out", "coro", "ctx", "waiting_on", "must_cancel", "cancelling",
-                 "driven", "cancels_before")
+                 "driven", "cancels_before", "result", "error", "cancelled", "suspended")
 
     def __init__(self, out, ctx):
         self.out = out
         self.ctx = ctx
-        self.coro = self.waiting_on = None
+        self.coro = self.waiting_on = self.result = self.error = None
         self.must_cancel = self.cancelling = self.driven = False
+        self.cancelled = self.suspended = False
         self.cancels_before = -1
 
     def cancel(self):
@@ -262,12 +268,12 @@ class _Driven:
         self.must_cancel = True
 
     def __await__(self):
-        # Returns (result, error, cancelled, suspended).
+        # When the coroutine ends, its outcome is kept in result, error,
+        # cancelled and suspended.
         self.driven = True
         coro = self.coro
         run = self.ctx.run
         value = exc = None
-        suspended = False
         while True:
             if self.must_cancel:
                 self.must_cancel = False
@@ -278,12 +284,15 @@ class _Driven:
                 else:
                     yielded = run(coro.throw, exc)
             except StopIteration as stop:
-                return stop.value, None, False, suspended
+                self.result = stop.value
+                return
             except constants._asyncio.CancelledError:
-                return None, None, True, suspended
+                self.cancelled = True
+                return
             except BaseException as error:
-                return None, error, False, suspended
-            suspended = True
+                self.error = error
+                return
+            self.suspended = True
             self.waiting_on = yielded
             exc = None
             try:
@@ -302,6 +311,16 @@ class _Driven:
                         # Task and takes that back: see _caller_cancelled).
                         self.cancels_before = constants._asyncio.current_task().cancelling() - 1
             self.waiting_on = None
+
+
+def _started_here(item, future):
+    # The attempt that asubmit's own call started, when it is a coroutine
+    # for that caller to drive (its ``out`` is the call's Future: see
+    # _start_async); else None.
+    aio = item._aio
+    if type(aio) is _Driven and aio.out is future:
+        return aio
+    return None
 
 
 def _caller_cancelled(driven):

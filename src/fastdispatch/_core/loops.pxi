@@ -65,11 +65,17 @@ cdef class _LoopHandoff(_Pool):
         # The caller waits on ``go``; from now on the outcome goes to
         # ``out`` (set before the task is registered as running, so that
         # whoever settles it finds ``out``), and ``go`` tells the caller
-        # that, and what to drive (see _Driven).
-        cdef _Driven driven = _Driven(loop.create_future(), item._ctx)
+        # that, and what to drive (see _Driven).  Started in its caller's
+        # own call, ``go`` itself goes on as ``out``: that caller finds
+        # what to drive on the task (``_aio``), with nothing to wake.
+        cdef _Driven driven
+        if item._inline:
+            driven = _Driven(go, item._ctx)
+        else:
+            driven = _Driven(loop.create_future(), item._ctx)
         item._future = driven.out
         ran = self._start_driven(item, q, loop, driven)
-        if not go.done():
+        if driven.out is not go and not go.done():
             go.set_result(driven)
         return ran
 
@@ -85,7 +91,7 @@ cdef class _LoopHandoff(_Pool):
         try:
             # In the caller's context (copied at asubmit), never in the
             # context of whoever started the chat's run.
-            result = ctx.run(_call_in_context, item)
+            result = _call_in_context(item)
         except Exception as exc:
             error = exc if type(exc) is not TypeError else _task_call_error(item.chat_id, exc)
         except BaseException as exc:

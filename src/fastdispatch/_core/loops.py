@@ -84,12 +84,13 @@ class _LoopHandoff(_Pool):
         # The caller waits on ``go``; from now on the outcome goes to
         # ``out`` (set before the task is registered as running, so that
         # whoever settles it finds ``out``), and ``go`` tells the caller
-        # that, and what to drive (see _Driven).
-        ctx = item._ctx
-        driven = _Driven(loop.create_future(), ctx)
+        # that, and what to drive (see _Driven).  Started in its caller's
+        # own call, ``go`` itself goes on as ``out``: that caller finds
+        # what to drive on the task (``_aio``), with nothing to wake.
+        driven = _Driven(go if item._inline else loop.create_future(), item._ctx)
         item._future = driven.out
         ran = self._start_driven(item, q, loop, driven)
-        if not go.done():
+        if driven.out is not go and not go.done():
             go.set_result(driven)
         return ran
 
