@@ -10,13 +10,23 @@ or taken from ``src/``.
 - :func:`free_port` and :func:`listening`: for a server the test starts on
   127.0.0.1;
 - :func:`max_in_window`: the most start times within any window of a rate
-  limit, to check pacing on what the tasks recorded.
+  limit, to check pacing on what the tasks recorded;
+- :class:`Process`: a bot (or server) in a subprocess, for real signals,
+  its output kept for the failure message;
+- :func:`library`: the Telegram framework a test needs, skipped on the
+  Pythons the test extra does not install it on.
 """
 
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 
-__all__ = ["wait_until", "free_port", "listening", "max_in_window"]
+import pytest
+
+__all__ = ["wait_until", "free_port", "listening", "max_in_window", "Process", "library",
+           "LIBRARIES"]
 
 
 def wait_until(predicate, timeout=60.0, what="the condition", interval=0.005):
@@ -56,3 +66,58 @@ def max_in_window(times, per, tolerance=0.0):
             j += 1
         best = max(best, i - j + 1)
     return best
+
+
+class Process:
+    """``cmd`` in a subprocess with ``env``, its output (stdout and stderr)
+    going to a file read by :attr:`log`.  :meth:`wait` fails with that
+    output if the process has not exited in time; :meth:`close` (always
+    call it: a fixture's teardown) kills one still running."""
+
+    def __init__(self, cmd, env):
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.out, stderr=subprocess.STDOUT)
+
+    def signal(self, signum):
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout=90):
+        """The exit code (the process is killed and the test fails after
+        ``timeout`` seconds)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("the process did not exit within %g s:\n%s"
+                                 % (timeout, self.log)) from None
+
+    @property
+    def log(self):
+        self.out.seek(0)
+        return self.out.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.out.close()
+
+
+#: name -> (module, the Pythons the test extra installs it on: [low, high))
+LIBRARIES = {
+    "ptb": ("telegram", (3, 10), (4, 0)),
+    "aiogram": ("aiogram", (3, 10), (3, 15)),
+    "telebot": ("telebot", (3, 11), (4, 0)),
+}
+
+
+def library(name):
+    """Skip the test on a Python the test extra does not install the
+    framework ``name`` (a key of :data:`LIBRARIES`) on; import it (an
+    ImportError where it should be installed fails the test)."""
+    module, low, high = LIBRARIES[name]
+    if not low <= sys.version_info[:2] < high:
+        pytest.skip("%s is not installed on Python %d.%d by the test extra"
+                    % (module, *sys.version_info[:2]))
+    __import__(module)

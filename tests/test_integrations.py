@@ -29,7 +29,6 @@ import collections
 import concurrent.futures
 import datetime
 import os
-import sys
 import threading
 import time
 import warnings
@@ -39,30 +38,15 @@ import pytest
 from fastdispatch import DispatcherHooks, Pacing, RateLimit, RetryAfter, RetryPolicy
 from fastdispatch.testing import FakeTelegramServer
 
-from helpers import wait_until
+from helpers import LIBRARIES, library, wait_until
 
 TOKEN = "7012345678:AAF-fake_token_for_the_suite_0123456789"
-
-# name -> (module, the Pythons the test extra installs it on: [low, high))
-LIBRARIES = {
-    "ptb": ("telegram", (3, 10), (4, 0)),
-    "aiogram": ("aiogram", (3, 10), (3, 15)),
-    "telebot": ("telebot", (3, 11), (4, 0)),
-}
 
 # The ordering test: 500 replies from concurrent handlers (sized for CI on two
 # cores); FASTDISPATCH_SOAK=1 runs it at 300 chats x 10 replies.
 CHATS, REPLIES = (300, 10) if os.environ.get("FASTDISPATCH_SOAK", "") not in ("", "0") \
     else (100, 5)
 WAIT = 3                     # the retry_after of the one chat told to wait
-
-
-def library(name):
-    module, low, high = LIBRARIES[name]
-    if not low <= sys.version_info[:2] < high:
-        pytest.skip("%s is not installed on Python %d.%d by the test extra"
-                    % (module, *sys.version_info[:2]))
-    __import__(module)  # should be there: an ImportError fails the test
 
 
 def wait_for_all(count, target, stall=120.0, what="the work"):

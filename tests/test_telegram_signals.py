@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.request
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from fastdispatch.telegram import TelegramSender
 from fastdispatch.testing import FakeTelegramServer
 
-from helpers import free_port, wait_until
+from helpers import Process, free_port, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -31,41 +30,17 @@ GUNICORN_CONF = HERE.parent / "examples" / "gunicorn.conf.py"
 TOKEN = "123:shutdown"
 
 
-class Bot:
-    """One bot process; its output goes to a file (read by ``.log``)."""
-
-    def __init__(self, server, mode, **env):
-        self.out = tempfile.TemporaryFile(mode="w+")
-        full = dict(os.environ, BOT_BASE_URL=server.base_url,
-                    **{k: str(v) for k, v in env.items()})
-        if mode == "gunicorn":
-            cmd = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "--chdir",
-                   str(HERE), "telegram_bot_process:application"]
-        else:
-            cmd = [sys.executable, str(BOT), mode]
-        self.proc = subprocess.Popen(cmd, env=full, stdout=self.out, stderr=subprocess.STDOUT)
-
-    def signal(self, signum):
-        self.proc.send_signal(signum)
-
-    def wait(self, timeout=90):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("the bot did not exit:\n" + self.log) from None
-
-    @property
-    def log(self):
-        self.out.seek(0)
-        return self.out.read()
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.out.close()
+def bot_process(server, mode, **env):
+    """One bot process (``helpers.Process``) of ``telegram_bot_process.py``
+    in ``mode``, or gunicorn serving it."""
+    full = dict(os.environ, BOT_BASE_URL=server.base_url,
+                **{k: str(v) for k, v in env.items()})
+    if mode == "gunicorn":
+        cmd = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "--chdir",
+               str(HERE), "telegram_bot_process:application"]
+    else:
+        cmd = [sys.executable, str(BOT), mode]
+    return Process(cmd, full)
 
 
 @pytest.fixture
@@ -73,7 +48,7 @@ def bots():
     made = []
 
     def make(server, mode, **env):
-        bot = Bot(server, mode, **env)
+        bot = bot_process(server, mode, **env)
         made.append(bot)
         return bot
 
