@@ -55,6 +55,10 @@ cdef double _LOOP_CHECK = 0.5
 # pays for it), and its _get_running_loop.
 cdef object _asyncio = None
 cdef object _running_loop = None
+# asyncio's own Future type and BaseEventLoop.create_future (set with _asyncio):
+# a loop that keeps that create_future gets its Futures made directly.
+cdef object _AioFuture = None
+cdef object _base_create_future = None
 
 # What _call_searcher_locked returns when a new worker thread must start.
 cdef object _SPAWN = object()

@@ -62,12 +62,7 @@ cdef class _Intake(_LoopHandoff):
         attempt's awaitable is cancelled (whichever attempt it is) and the
         chat goes on.
         """
-        global _asyncio, _running_loop
-        if _asyncio is None:
-            import asyncio as _asyncio_module
-            _running_loop = _asyncio_module._get_running_loop
-            _asyncio = _asyncio_module
-        loop = _running_loop()
+        loop = _caller_loop()
         if loop is None:
             raise RuntimeError(
                 "asubmit() must be awaited in a coroutine running on an event loop "
@@ -77,7 +72,7 @@ cdef class _Intake(_LoopHandoff):
             raise TypeError("task must be callable, got %r" % (type(task).__name__,))
         if block or timeout is not None:
             timeout = _checked_wait(timeout)
-        future = loop.create_future()
+        future = _new_aio_future(loop)
         self._async_used = True
         item = self._enqueue(chat_id, task, future, loop, block, PyContext_CopyCurrent())
         cdef bint suspended = False

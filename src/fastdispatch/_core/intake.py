@@ -16,7 +16,7 @@ from .._types import _checked_wait, Future
 
 from . import constants
 from .chats import _chat_key, _retry_key, _Waiter
-from .items import _caller_cancelled, _Driven, _new_item, _started_here
+from .items import _caller_cancelled, _caller_loop, _Driven, _new_item, _started_here
 from .loops import _LoopHandoff
 
 
@@ -156,10 +156,7 @@ class _Intake(_LoopHandoff):
         attempt's awaitable is cancelled (whichever attempt it is) and the
         chat goes on.
         """
-        if constants._asyncio is None:
-            import asyncio as _asyncio_module
-            constants._asyncio = _asyncio_module
-        loop = constants._asyncio._get_running_loop()
+        loop = _caller_loop()
         if loop is None:
             raise RuntimeError(
                 "asubmit() must be awaited in a coroutine running on an event loop "

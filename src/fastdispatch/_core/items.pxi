@@ -205,6 +205,28 @@ cdef object _awaitable_error(SendContext item, object result):
             _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
 
 
+cdef object _caller_loop():
+    # The calling thread's running event loop, or None (asyncio is imported
+    # on first use: a dispatcher that never sees a coroutine task does not
+    # pay for it).
+    global _asyncio, _running_loop, _AioFuture, _base_create_future
+    if _asyncio is None:
+        import asyncio as _asyncio_module
+        _running_loop = _asyncio_module._get_running_loop
+        _AioFuture = _asyncio_module.Future
+        _base_create_future = _asyncio_module.BaseEventLoop.create_future
+        _asyncio = _asyncio_module
+    return _running_loop()
+
+
+cdef inline object _new_aio_future(object loop):
+    # loop.create_future(), without its Python frame where the loop keeps
+    # asyncio's own.
+    if type(loop).create_future is _base_create_future:
+        return _AioFuture(loop=loop)
+    return loop.create_future()
+
+
 cpdef _aio_set(future, result, error):
     # On the future's own loop: resolve it, unless it is already done (the
     # caller cancelled its await).

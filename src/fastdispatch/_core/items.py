@@ -195,6 +195,16 @@ def _awaitable_error(item, result):
             _safe_repr(item.chat_id), _safe_repr(type(result).__name__)))
 
 
+def _caller_loop():
+    # The calling thread's running event loop, or None (asyncio is imported
+    # on first use: a dispatcher that never sees a coroutine task does not
+    # pay for it).
+    if constants._asyncio is None:
+        import asyncio as _asyncio_module
+        constants._asyncio = _asyncio_module
+    return constants._asyncio._get_running_loop()
+
+
 def _aio_set(future, result, error):
     # On the future's own loop: resolve it, unless it is already done (the
     # caller cancelled its await).

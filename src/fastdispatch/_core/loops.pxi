@@ -72,7 +72,7 @@ cdef class _LoopHandoff(_Pool):
         if item._inline:
             driven = _Driven(go, item._ctx)
         else:
-            driven = _Driven(loop.create_future(), item._ctx)
+            driven = _Driven(_new_aio_future(loop), item._ctx)
         item._future = driven.out
         ran = self._start_driven(item, q, loop, driven)
         if driven.out is not go and not go.done():
