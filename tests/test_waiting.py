@@ -233,12 +233,15 @@ def test_close_after_the_check_still_turns_the_caller_away(make_dispatcher, impl
 def test_a_panic_discards_the_waiters_tasks(make_dispatcher):
     d = make_dispatcher(queue_size=1)
     gate = threading.Event()
+    running = threading.Event()
 
     def panics(sc):
+        running.set()
         gate.wait(WAIT)
         raise KeyboardInterrupt("boom")
 
     d.submit(1, panics)
+    assert running.wait(WAIT)  # out of the queue: room for one more
     d.submit(1, lambda sc: None)
     futures = []
     threads = [threading.Thread(target=lambda: futures.append(
